@@ -1,0 +1,92 @@
+"""The one drafter interface: given the target's features for the committed prefix, propose up to k
+tokens with a per-token confidence (and, when sampling drafts, the draft distributions).
+
+Position convention (per cache slot): the target cache holds committed tokens x_0..x_{n-1};
+y0 = x_n is the last emitted token, not yet fed to the target. One speculative step verifies
+[y0, d_1..d_k] at positions n..n+k. After acceptance, the target forward has produced features for
+the newly committed positions, and the drafter receives them in the next `propose` call
+(`DraftContext`), together with the token that follows each of those positions.
+
+Drafters are batched from the start: one `propose` call drafts for every running request.
+Rows are ragged (different numbers of new positions); padding entries continue the positions
+past the last valid one and are marked invalid, so writing them into a positional cache only
+touches the speculative zone that later steps overwrite.
+
+A new method is one new file with a `Drafter` subclass and one line in `registry.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from engines.model import ForwardOut, Transformer
+
+
+@dataclass
+class DraftContext:
+    slots: Tensor        # [B]     drafter cache slot of each row (same as the target's)
+    feats: Tensor        # [B, T, F] drafter.features() of newly committed positions (right-padded)
+    positions: Tensor    # [B, T]  absolute positions of those features (pads continue upward)
+    valid: Tensor        # [B, T]  bool, False on padding
+    next_tokens: Tensor  # [B, T]  committed token at position+1 (the last valid one is y0)
+    last_token: Tensor   # [B]     y0, the first token of the block to draft after
+    start: Tensor        # [B]     n, the position of y0
+
+
+@dataclass
+class Proposal:
+    tokens: Tensor              # [B, k] drafted token ids
+    conf: Tensor                # [B, k] draft probability of each drafted token (D-Cut scores)
+    probs: Tensor | None = None  # [B, k, V] draft distributions if drafts were sampled, else None
+                                 # (None means greedy drafting: q is one-hot at `tokens`)
+
+
+class Drafter(nn.Module):
+    """Base class. Subclasses hold their own weights; the target's embedding and LM head are
+    shared (frozen, passed in at construction, never saved in the drafter's files)."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, target: Transformer) -> None:
+        super().__init__()
+        # kept out of the module tree so state_dict() never includes target weights
+        object.__setattr__(self, "target", target)
+
+    # --- what the drafter needs from the target -------------------------------------------------
+    @property
+    def capture_layers(self) -> Sequence[int]:
+        """Target decoder layers whose outputs the drafter reads (passed to Transformer.forward)."""
+        return ()
+
+    def features(self, out: ForwardOut) -> Tensor:
+        """Target forward output -> per-position features [B, T, F] stored by the drafter."""
+        raise NotImplementedError
+
+    @property
+    def max_draft(self) -> int:
+        """Largest k this drafter proposes in one step."""
+        raise NotImplementedError
+
+    # --- state ---------------------------------------------------------------------------------
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        """Create per-slot caches (called once by the engine)."""
+
+    def reset(self, slot: int) -> None:
+        """Forget a slot (request finished)."""
+
+    # --- drafting ------------------------------------------------------------------------------
+    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        raise NotImplementedError
+
+    # --- helpers shared by subclasses -----------------------------------------------------------
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self.target.embed(tokens)
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        return self.target.logits(hidden)

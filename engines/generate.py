@@ -1,0 +1,112 @@
+"""Plain autoregressive decoding: the baseline every speculative path must reproduce.
+
+Pure phase functions over a static slot cache (gpt-fast style): `prefill` (chunked) and
+`decode_one`. `ar_generate` strings them together for one request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from engines.model import ForwardOut, KVCache, Transformer
+from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from engines.stopping import StopState
+from engines.tokenizer import Tokenizer
+from specroute.errors import UserError
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    steps: int = 0                 # target forwards after prefill
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification step, bonus included (vLLM convention)."""
+        return (self.steps + self.accepted_tokens) / self.steps if self.steps else 0.0
+
+
+def check_room(model: Transformer, prompt_len: int, max_len: int) -> None:
+    if prompt_len == 0:
+        raise UserError("empty prompt")
+    if prompt_len >= max_len:
+        raise UserError(f"prompt is {prompt_len} tokens; the context holds {max_len} (prompt + output)")
+
+
+@torch.no_grad()
+def prefill(model: Transformer, cache: KVCache, slot: int, tokens: list[int], start: int = 0,
+            chunk: int = 256, capture: tuple[int, ...] = ()) -> ForwardOut:
+    """Feed `tokens` at positions start.. into `slot`, `chunk` tokens per forward. Returns the
+    concatenated outputs (hidden [1, T, H] and captures) and commits the slot's length."""
+    slots = torch.tensor([slot])
+    hidden, captured = [], []
+    for i in range(0, len(tokens), chunk):
+        part = torch.tensor([tokens[i:i + chunk]])
+        pos = torch.arange(start + i, start + i + part.shape[1])[None]
+        out = model(part, pos, cache, slots, capture)
+        hidden.append(out.hidden)
+        captured.append(out.captured)
+    cache.lengths[slot] = start + len(tokens)
+    caps = [torch.cat([c[j] for c in captured], dim=1) for j in range(len(capture))]
+    return ForwardOut(torch.cat(hidden, dim=1), caps)
+
+
+@torch.no_grad()
+def decode_one(model: Transformer, cache: KVCache, slot: int, token: int) -> Tensor:
+    """Feed one token at the slot's length; commit it; return next-token logits [V]."""
+    pos = int(cache.lengths[slot])
+    out = model(torch.tensor([[token]]), torch.tensor([[pos]]), cache, torch.tensor([slot]))
+    cache.lengths[slot] = pos + 1
+    return model.logits(out.hidden[0, -1])
+
+
+def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    if params.greedy:
+        return int(logits.argmax(-1))
+    return int(sample(logits_to_probs(logits, params.temperature, params.top_p), generator))
+
+
+@torch.no_grad()
+def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], params: SamplingParams,
+                max_tokens: int = 128, stop: tuple[str, ...] = (), max_len: int | None = None,
+                cache: KVCache | None = None) -> GenerationResult:
+    max_len = max_len or model.config.max_position_embeddings
+    check_room(model, len(prompt_ids), max_len)
+    max_tokens = min(max_tokens, max_len - len(prompt_ids))
+    cache = cache or KVCache.for_model(model.config, 1, max_len)
+    gen = make_generator(params.seed)
+    state = StopState(tok.decode, frozenset(model.config.eos_ids), stop, max_tokens)
+    t0 = time.perf_counter()
+    out = prefill(model, cache, 0, prompt_ids)
+    logits = model.logits(out.hidden[0, -1])
+    ttft = 0.0
+    steps = 0
+    emitted: list[int] = []
+    while True:
+        y = next_token(logits, params, gen)
+        emitted.append(y)
+        state.push(y)
+        if not ttft:
+            ttft = time.perf_counter() - t0
+        if state.done:
+            break
+        logits = decode_one(model, cache, 0, y)
+        steps += 1
+    return GenerationResult(
+        text=state.text, token_ids=emitted, finish_reason=state.finish_reason,
+        prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), steps=steps,
+        wall_s=time.perf_counter() - t0, ttft_s=ttft,
+    )

@@ -1,0 +1,60 @@
+"""Turning logits into distributions and tokens, exactly as plain sampling does.
+
+Every decode path (AR, speculative verification, drafters that sample) goes through
+`logits_to_probs`, so temperature and top-p are applied identically everywhere; that is what
+makes speculative sampling's output distribution equal the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy
+    top_p: float = 1.0         # 1 = disabled
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        if not (0.0 <= self.temperature <= 100.0) or self.temperature != self.temperature:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def logits_to_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
+    """[..., V] logits -> [..., V] fp32 probabilities after temperature and nucleus truncation.
+    temperature 0 gives the one-hot of the argmax."""
+    logits = logits.float()
+    if temperature <= 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(-1)
+        drop = (cum - sorted_p) >= top_p          # keep the smallest prefix whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """[..., V] -> [...] token ids (one multinomial draw per row)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.view(probs.shape[:-1])
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+    return g

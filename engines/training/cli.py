@@ -1,0 +1,49 @@
+"""`specroute train {tokenizer,target,mtp,dflash,dfly} --preset demo --out DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specroute.errors import UserError
+
+DRAFTER_KINDS = ("mtp", "dflash", "dfly")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specroute train", description=__doc__)
+    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS))
+    ap.add_argument("--preset", default="demo")
+    ap.add_argument("--out", type=Path, default=Path("models/demo"),
+                    help="bundle directory (drafters go to OUT/drafters/<kind>/)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="checkpoints and caches (default: OUT/.work, git-ignored)")
+    ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    work = args.work or Path(".cache") / "train" / args.out.name
+    if args.what == "tokenizer":
+        from engines.training.corpus import train_tokenizer
+
+        path = train_tokenizer(args.out)
+        print(f"wrote {path}")
+        return 0
+    if args.what == "target":
+        from engines.training.target import PRESETS, train_target
+
+        if args.preset not in PRESETS:
+            raise UserError(f"unknown preset {args.preset!r} (have {', '.join(PRESETS)})")
+        if not (args.out / "tokenizer.json").is_file():
+            raise UserError(f"no tokenizer in {args.out}: run `specroute train tokenizer --out {args.out}` first")
+        report = train_target(args.out, args.preset, work_dir=work, resume=not args.no_resume)
+        print(json.dumps({k: report[k] for k in ("parameters", "train_seconds", "heldout_perplexity")}))
+        return 0
+    from engines.training.drafters import train_drafter
+
+    report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume)
+    print(json.dumps(report.get("summary", {})))
+    return 0

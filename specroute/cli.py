@@ -1,0 +1,52 @@
+"""`specroute` console script: a thin dispatcher.
+
+Each top-level command lives in the package that owns it and is imported lazily, so
+`specroute gateway` never imports torch and `specroute worker` never imports FastAPI.
+A command module exposes `main(argv: list[str]) -> int`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from specroute.errors import UserError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("router.serve", "start Redis, an MTP worker, a DFly worker and the gateway"),
+    "gateway": ("router.cli", "run the OpenAI-compatible gateway"),
+    "worker": ("engines.worker.cli", "run a gRPC engine worker"),
+    "generate": ("engines.cli_generate", "one-off generation with acceptance stats"),
+    "train": ("engines.training.cli", "train tokenizer, target or drafters"),
+    "classifier": ("classifier.cli", "train / evaluate the request classifier"),
+    "bench": ("bench.cli", "benchmarks writing bench/results/*.json"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: specroute COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"specroute: error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.main(rest) or 0)
+    except UserError as exc:
+        print(f"specroute {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
