@@ -13,7 +13,7 @@ DRAFTER_KINDS = ("mtp", "dflash", "dfly")
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specroute train", description=__doc__)
-    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS))
+    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS, "card"))
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--out", type=Path, default=Path("models/demo"),
                     help="bundle directory (drafters go to OUT/drafters/<kind>/)")
@@ -31,6 +31,11 @@ def main(argv: list[str]) -> int:
 
         path = train_tokenizer(args.out)
         print(f"wrote {path}")
+        return 0
+    if args.what == "card":
+        from engines.training.card import write_card
+
+        print(f"wrote {write_card(args.out)}")
         return 0
     if args.what == "target":
         from engines.training.target import PRESETS, train_target

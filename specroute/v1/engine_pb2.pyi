@@ -111,17 +111,27 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("running", "waiting", "cache_usage", "tokens_per_s", "mean_accepted_length", "max_running")
+    __slots__ = ("running", "waiting", "cache_usage", "tokens_per_s", "mean_accepted_length", "max_running", "dcut_enabled", "kept_ratio")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    DCUT_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_RATIO_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     cache_usage: float
     tokens_per_s: float
     mean_accepted_length: float
     max_running: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., cache_usage: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., max_running: _Optional[int] = ...) -> None: ...
+    dcut_enabled: bool
+    kept_ratio: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., cache_usage: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., max_running: _Optional[int] = ..., dcut_enabled: _Optional[bool] = ..., kept_ratio: _Optional[float] = ...) -> None: ...
+
+class SetDcutRequest(_message.Message):
+    __slots__ = ("enabled",)
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    def __init__(self, enabled: _Optional[bool] = ...) -> None: ...

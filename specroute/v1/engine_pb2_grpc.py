@@ -49,6 +49,11 @@ class EngineStub:
                 request_serializer=specroute_dot_v1_dot_engine__pb2.LoadRequest.SerializeToString,
                 response_deserializer=specroute_dot_v1_dot_engine__pb2.LoadResponse.FromString,
                 _registered_method=True)
+        self.SetDcut = channel.unary_unary(
+                '/specroute.v1.Engine/SetDcut',
+                request_serializer=specroute_dot_v1_dot_engine__pb2.SetDcutRequest.SerializeToString,
+                response_deserializer=specroute_dot_v1_dot_engine__pb2.InfoResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -76,6 +81,13 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDcut(self, request, context):
+        """Live switch for adaptive verification (D-Cut) on this worker; returns the new Info.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +105,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Load,
                     request_deserializer=specroute_dot_v1_dot_engine__pb2.LoadRequest.FromString,
                     response_serializer=specroute_dot_v1_dot_engine__pb2.LoadResponse.SerializeToString,
+            ),
+            'SetDcut': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDcut,
+                    request_deserializer=specroute_dot_v1_dot_engine__pb2.SetDcutRequest.FromString,
+                    response_serializer=specroute_dot_v1_dot_engine__pb2.InfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +193,33 @@ class Engine:
             '/specroute.v1.Engine/Load',
             specroute_dot_v1_dot_engine__pb2.LoadRequest.SerializeToString,
             specroute_dot_v1_dot_engine__pb2.LoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDcut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specroute.v1.Engine/SetDcut',
+            specroute_dot_v1_dot_engine__pb2.SetDcutRequest.SerializeToString,
+            specroute_dot_v1_dot_engine__pb2.InfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

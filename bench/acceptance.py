@@ -1,0 +1,328 @@
+"""`specroute bench acceptance`: acceptance and speed of every drafter per domain and temperature.
+
+For each drafter configuration (MTP with k=3; DFlash and DFly at blocks 8 and 16), each domain (chat,
+code, math; held-out prompts the target and drafters never trained on) and each temperature (0, 1), one
+request at a time (batch 1):
+
+- mean accepted length per verification step, bonus token included (vLLM's convention),
+- per-position acceptance rates (steps accepting draft i / steps),
+- draft and verify milliseconds per step,
+- decode tokens/s of the speculative loop and of plain AR decoding, measured in the same run and
+  interleaved per prompt (medians over prompts), and the speedup,
+- at temperature 0, a losslessness check of every output against AR greedy decoding (near-ties
+  tolerated only as `engines.spec.check_lossless` defines them).
+
+Rows whose mean accepted length is under 1.3 are flagged: a drafter that loads but accepts almost
+nothing is a bug. Writes `acceptance.json` and `acceptance.png` into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from engines.drafters.base import Drafter
+from engines.generate import GenerationResult, ar_generate
+from engines.model import Transformer, load_model
+from engines.sampling import SamplingParams
+from engines.spec import SpecDecoder, check_lossless, spec_generate
+from engines.tokenizer import Tokenizer
+from specroute.errors import UserError
+
+DOMAINS = ("chat", "code", "math")
+LOW_ACCEPTANCE = 1.3
+
+
+class AcceptanceRow(BaseModel):
+    drafter: str
+    block: int                      # tokens per step at most (drafts + 1); MTP: k + 1
+    k: int                          # drafts proposed and verified per step
+    domain: str
+    temperature: float
+    prompts: int
+    tokens: int                     # generated tokens (speculative loop)
+    steps: int                      # verification steps
+    mean_accepted_length: float     # (steps + accepted drafts) / steps
+    acceptance_per_position: list[float]
+    draft_ms: float                 # mean per step
+    verify_ms: float                # mean per step
+    tokens_per_s: float             # median over prompts of decode tokens/s (after the first token)
+    ar_tokens_per_s: float
+    speedup: float                  # tokens_per_s / ar_tokens_per_s
+    lossless_checked: int           # prompts compared token by token with AR greedy (T=0 only)
+    lossless_mismatches: int        # differences not explained by a near-tie (bugs)
+    near_ties: int                  # differences at a tolerated near-tie
+    low_acceptance: bool            # mean_accepted_length < 1.3: flagged
+
+
+class AcceptanceReport(BaseModel):
+    meta: dict
+    rows: list[AcceptanceRow]
+
+
+@dataclass
+class Config:
+    kind: str
+    block: int
+    k: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} k={self.k}" if self.kind == "mtp" else f"{self.kind} b{self.block}"
+
+
+@dataclass
+class Acc:
+    """Accumulated measurements of one row."""
+    prompts: int = 0
+    tokens: int = 0
+    steps: int = 0
+    accepted: int = 0
+    per_pos: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    tps: list[float] = field(default_factory=list)
+    ar_tps: list[float] = field(default_factory=list)
+    checked: int = 0
+    mismatches: int = 0
+    near_ties: int = 0
+
+    def add(self, res: GenerationResult, ar: GenerationResult, draft_s: float, verify_s: float) -> None:
+        self.prompts += 1
+        self.tokens += res.completion_tokens
+        self.steps += res.steps
+        self.accepted += res.accepted_tokens
+        for i, c in enumerate(res.accepted_per_position):
+            if i >= len(self.per_pos):
+                self.per_pos.append(0)
+            self.per_pos[i] += c
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.tps.append(decode_tps(res))
+        self.ar_tps.append(decode_tps(ar))
+
+
+def decode_tps(res: GenerationResult) -> float:
+    """Tokens/s of the decode loop: tokens after the first over the time after the first."""
+    t = res.wall_s - res.ttft_s
+    return (res.completion_tokens - 1) / t if res.completion_tokens > 1 and t > 0 else float("nan")
+
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else 0.0
+
+
+def select_prompts(tok: Tokenizer, n: int, max_prompt_tokens: int, seed: int) -> dict[str, list[list[int]]]:
+    """n held-out prompts per domain (deterministic shuffle), chat-templated, at most max_prompt_tokens."""
+    from engines.training.data import load_prompts
+
+    items = load_prompts("heldout")
+    rng = random.Random(seed)
+    rng.shuffle(items)
+    out: dict[str, list[list[int]]] = {d: [] for d in DOMAINS}
+    for p in items:
+        if p.domain in out and len(out[p.domain]) < n:
+            ids = tok.encode_chat([{"role": "user", "content": p.prompt}])
+            if len(ids) <= max_prompt_tokens:
+                out[p.domain].append(ids)
+    for d, ps in out.items():
+        if len(ps) < n:
+            print(f"acceptance: only {len(ps)} held-out {d} prompts fit (wanted {n})", file=sys.stderr)
+    return out
+
+
+def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks: list[int],
+                 mtp_k: int) -> list[tuple[Config, Drafter]]:
+    from engines.drafters.registry import load_drafter
+
+    out = []
+    for kind in kinds:
+        if not (model_dir / "drafters" / kind / "config.json").is_file():
+            print(f"acceptance: no {kind} drafter in {model_dir}/drafters/{kind}: skipped", file=sys.stderr)
+            continue
+        if kind == "mtp":
+            d = load_drafter(kind, model_dir, target)
+            k = min(mtp_k, d.max_draft)
+            out.append((Config(kind, k + 1, k), d))
+        else:
+            for b in blocks:
+                d = load_drafter(kind, model_dir, target, block_size=b)
+                out.append((Config(kind, b, d.max_draft), d))
+    if not out:
+        raise UserError(f"no drafters found under {model_dir}/drafters/ (train them first)")
+    return out
+
+
+def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
+        prompts: dict[str, list[list[int]]], temperatures: list[float], max_tokens: int,
+        prompts_hot: int, seed: int, log=print) -> list[AcceptanceRow]:
+    max_len = target.config.max_position_embeddings
+    decoders = [SpecDecoder(target, d, 1, max_len) for _, d in configs]
+    rows: list[AcceptanceRow] = []
+    for temp in temperatures:
+        for domain in DOMAINS:
+            ps = prompts[domain] if temp == 0 else prompts[domain][:prompts_hot]
+            accs = [Acc() for _ in configs]
+            t0 = time.perf_counter()
+            for i, ids in enumerate(ps):
+                params = SamplingParams(temperature=temp, seed=seed + i)
+                ar = ar_generate(target, tok, ids, params, max_tokens=max_tokens, max_len=max_len)
+                order = list(range(len(configs)))
+                order = order[i % len(order):] + order[:i % len(order)]   # rotate to spread drift
+                for j in order:
+                    cfg, dec = configs[j][0], decoders[j]
+                    d0, v0 = dec.timing.draft_s, dec.timing.verify_s
+                    res = spec_generate(target, None, tok, ids, params, max_tokens=max_tokens, k=cfg.k,
+                                        decoder=dec)
+                    accs[j].add(res, ar, dec.timing.draft_s - d0, dec.timing.verify_s - v0)
+                    if temp == 0:
+                        chk = check_lossless(target, ids, res.token_ids, ar.token_ids)
+                        accs[j].checked += 1
+                        accs[j].mismatches += 0 if chk.ok else 1
+                        accs[j].near_ties += 1 if chk.ok and not chk.identical else 0
+                        if not chk.ok:
+                            log(f"  LOSSLESS MISMATCH {cfg.label} {domain} prompt {i}: {chk.reason}")
+            for (cfg, _), a in zip(configs, accs, strict=True):
+                mal = (a.steps + a.accepted) / a.steps if a.steps else 0.0
+                tps, ar_tps = _median(a.tps), _median(a.ar_tps)
+                row = AcceptanceRow(
+                    drafter=cfg.kind, block=cfg.block, k=cfg.k, domain=domain, temperature=temp,
+                    prompts=a.prompts, tokens=a.tokens, steps=a.steps, mean_accepted_length=round(mal, 4),
+                    acceptance_per_position=[round(c / a.steps, 4) if a.steps else 0.0 for c in a.per_pos],
+                    draft_ms=round(1e3 * a.draft_s / max(a.steps, 1), 3),
+                    verify_ms=round(1e3 * a.verify_s / max(a.steps, 1), 3),
+                    tokens_per_s=round(tps, 2), ar_tokens_per_s=round(ar_tps, 2),
+                    speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
+                    lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
+                    low_acceptance=mal < LOW_ACCEPTANCE,
+                )
+                rows.append(row)
+                flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
+                log(f"T={temp:g} {domain:<4} {cfg.label:<10} tau={row.mean_accepted_length:.2f} "
+                    f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
+                    f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
+                    f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}{flag}")
+            log(f"  ({len(ps)} prompts in {time.perf_counter() - t0:.0f}s)")
+    return rows
+
+
+def plot(report: AcceptanceReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.rows
+    temps = sorted({r.temperature for r in rows})
+    labels = list(dict.fromkeys(Config(r.drafter, r.block, r.k).label for r in rows))
+    fig, axes = plt.subplots(3, len(temps), figsize=(6.5 * len(temps), 12), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    width = 0.8 / max(len(labels), 1)
+    for c, temp in enumerate(temps):
+        sub = [r for r in rows if r.temperature == temp]
+        for metric, ax, ref, title in (
+            ("mean_accepted_length", axes[0][c], LOW_ACCEPTANCE, "mean accepted length (tokens/step, incl. bonus)"),
+            ("speedup", axes[1][c], 1.0, "decode speedup over AR (same run, batch 1)"),
+        ):
+            for j, lab in enumerate(labels):
+                vals = [next((getattr(r, metric) for r in sub if r.domain == d and
+                              Config(r.drafter, r.block, r.k).label == lab), 0.0) for d in DOMAINS]
+                xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(DOMAINS))]
+                bars = ax.bar(xs, vals, width, label=lab, color=colors(j))
+                ax.bar_label(bars, fmt="%.2f", fontsize=7)
+            ax.axhline(ref, color="red", ls="--", lw=1,
+                       label=f"flag < {LOW_ACCEPTANCE}" if metric == "mean_accepted_length" else "AR")
+            ax.set_xticks(range(len(DOMAINS)), DOMAINS)
+            ax.set_title(f"T={temp:g}: {title}", fontsize=10)
+            ax.legend(fontsize=7, ncols=2)
+        ax = axes[2][c]
+        for j, lab in enumerate(labels):
+            rs = [r for r in sub if Config(r.drafter, r.block, r.k).label == lab]
+            if not rs:
+                continue
+            n = max(len(r.acceptance_per_position) for r in rs)
+            mean = [statistics.mean(r.acceptance_per_position[i] if i < len(r.acceptance_per_position) else 0.0
+                                    for r in rs) for i in range(n)]
+            ax.plot(range(1, n + 1), mean, marker="o", ms=3, label=lab, color=colors(j))
+        ax.set_xlabel("draft position")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"T={temp:g}: acceptance rate per draft position (mean over domains)", fontsize=10)
+        ax.legend(fontsize=7)
+    meta = report.meta
+    fig.suptitle(f"Speculative decoding acceptance on held-out prompts ({meta.get('model', '')}, "
+                 f"{meta.get('max_tokens')} tokens, {meta.get('threads')} CPU threads)", fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="specroute bench acceptance", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/demo")
+    ap.add_argument("--out", default="bench/results/")
+    ap.add_argument("--drafters", default="mtp,dflash,dfly")
+    ap.add_argument("--blocks", default="8,16", help="block sizes for dflash/dfly")
+    ap.add_argument("--mtp-k", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=60, help="prompts per domain at temperature 0")
+    ap.add_argument("--prompts-hot", type=int, default=None,
+                    help="prompts per domain at temperature > 0 (default: --prompts)")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-prompt-tokens", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model_dir = Path(args.model)
+    try:
+        kinds = [k for k in args.drafters.split(",") if k]
+        blocks = [int(b) for b in args.blocks.split(",") if b]
+        temps = [float(t) for t in args.temperatures.split(",") if t]
+    except ValueError as exc:
+        raise UserError(f"bad list option: {exc}") from None
+    if args.prompts < 1 or args.max_tokens < 1:
+        raise UserError("--prompts and --max-tokens must be >= 1")
+    target = load_model(model_dir)
+    tok = Tokenizer.load(model_dir)
+    configs = load_configs(model_dir, target, kinds, blocks, args.mtp_k)
+    prompts = select_prompts(tok, args.prompts, args.max_prompt_tokens, args.seed)
+    hot = args.prompts_hot if args.prompts_hot is not None else args.prompts
+    t0 = time.perf_counter()
+    rows = run(target, tok, configs, prompts, temps, args.max_tokens, hot, args.seed,
+               log=lambda s: print(s, file=sys.stderr, flush=True))
+    report = AcceptanceReport(meta={
+        "model": str(model_dir), "max_tokens": args.max_tokens, "threads": args.threads,
+        "prompts_per_domain": {str(t): min(len(prompts[d]) if t == 0 else min(hot, len(prompts[d]))
+                                           for d in DOMAINS) for t in temps},
+        "prompt_split": "held-out (engines.training.data.is_heldout), chat template",
+        "batch_size": 1, "torch": torch.__version__, "seed": args.seed,
+        "mean_accepted_length": "(steps + accepted drafts) / steps, bonus token included (vLLM convention)",
+        "tokens_per_s": "median over prompts of decode tokens/s after the first token; AR measured in the "
+                        "same run, interleaved per prompt",
+        "lossless": "temperature 0 only: token-exact vs AR greedy, near-ties (<1e-4 logit gap) tolerated; "
+                    "T>0 exactness is covered by the distribution tests",
+        "low_acceptance_threshold": LOW_ACCEPTANCE,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }, rows=rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "acceptance.json.tmp"
+    tmp.write_text(json.dumps(report.model_dump(), indent=2) + "\n")
+    tmp.replace(out / "acceptance.json")
+    plot(report, out / "acceptance.png")
+    flagged = [r for r in rows if r.low_acceptance]
+    bad = sum(r.lossless_mismatches for r in rows)
+    print(f"wrote {out / 'acceptance.json'} and {out / 'acceptance.png'} ({len(rows)} rows, "
+          f"{len(flagged)} flagged under {LOW_ACCEPTANCE}, {bad} lossless mismatches)")
+    return 1 if bad else 0

@@ -1,0 +1,290 @@
+"""Training: features -> [dense statistics, out-of-fold Naive Bayes n-gram scores] -> logistic regression.
+
+Two stages, both cheap to fit:
+
+1. A multinomial Naive Bayes over the hashed n-gram / word buckets (closed form: weighted bucket
+   counts per class). Its per-request score is the mean log-likelihood ratio of the request's
+   buckets (code vs chat, math vs chat).
+2. scikit-learn's `LogisticRegression` over the standardised dense features plus those two NB
+   scores. The NB scores the regression is trained on are *out-of-fold by source* (each source's
+   rows are scored by an NB fitted without that source), so the regression learns how far n-gram
+   evidence carries to a source it has not seen, instead of trusting in-sample NB scores.
+
+Class balance: every domain gets the same total weight; inside a domain each source gets weight
+proportional to sqrt(its size), so gsm8k (6k items) does not drown the other math sources.
+Calibration: one temperature fitted by log-loss on out-of-fold (leave-one-source-out) logits.
+
+Everything exported is a plain array, scored in numpy by `classifier.model.Classifier`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import minimize_scalar
+from sklearn.linear_model import LogisticRegression
+
+from classifier import features as F
+from classifier.data import Example
+from classifier.model import LABELS, Classifier
+
+LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    c: float = 1.0  # inverse L2 strength of the logistic regression
+    nb_alpha: float = 0.1  # additive smoothing of the Naive Bayes bucket counts
+    nb_scale: float = 10.0  # NB scores are multiplied by this before the regression
+    source_power: float = 0.5  # source weight inside a domain ~ n_source ** power / n_source
+    max_iter: int = 2000
+
+
+@dataclass
+class Matrix:
+    """Featurised examples."""
+
+    dense: np.ndarray  # (n, N_DENSE)
+    counts: sp.csr_matrix  # (n, N_BUCKETS) bucket counts
+    totals: np.ndarray  # (n,) number of buckets (>= 1)
+    junk: np.ndarray  # (n,)
+    y: np.ndarray  # (n,) label index
+
+
+def featurise(examples: Sequence[Example]) -> Matrix:
+    n = len(examples)
+    dense = np.zeros((n, F.N_DENSE), dtype=np.float64)
+    junk = np.zeros(n, dtype=np.float64)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    indices: list[np.ndarray] = []
+    for i, ex in enumerate(examples):
+        sample, full_len = F.request_text(ex.request)
+        feats = F.extract(sample, full_len)
+        dense[i] = feats.dense
+        junk[i] = feats.junk
+        indices.append(feats.buckets)
+        indptr[i + 1] = indptr[i] + feats.buckets.size
+    ind = np.concatenate(indices) if indices else np.zeros(0, dtype=np.intp)
+    counts = sp.csr_matrix((np.ones(ind.size), ind, indptr), shape=(n, F.N_BUCKETS))
+    counts.sum_duplicates()
+    totals = np.maximum(np.diff(indptr), 1).astype(np.float64)
+    y = np.array([LABEL_INDEX[ex.label] for ex in examples], dtype=np.int64)
+    return Matrix(dense, counts, totals, junk, y)
+
+
+def sample_weights(examples: Sequence[Example], idx: np.ndarray, power: float) -> np.ndarray:
+    """Domain-balanced, source-dampened weights for the examples at `idx` (mean 1)."""
+    sources = [examples[i].source for i in idx]
+    labels = [examples[i].label for i in idx]
+    n_src = Counter(sources)
+    src_label = {s: lab for s, lab in zip(sources, labels, strict=True)}
+    src_mass = {s: n**power for s, n in n_src.items()}
+    dom_mass: Counter[str] = Counter()
+    for s, mass in src_mass.items():
+        dom_mass[src_label[s]] += mass
+    n_domains = len(dom_mass)
+    w = np.empty(len(idx), dtype=np.float64)
+    for k, (s, lab) in enumerate(zip(sources, labels, strict=True)):
+        w[k] = (src_mass[s] / dom_mass[lab]) / n_src[s] / n_domains
+    return w * (len(idx) / w.sum())
+
+
+def _unit(ex: Example) -> str:
+    """The unit the inner out-of-fold NB scores are computed by: source group, or extra source."""
+    return ex.source if ex.group == "extra" else ex.group
+
+
+def nb_table(class_counts: np.ndarray, alpha: float) -> np.ndarray:
+    """(N_BUCKETS, 2) log-likelihood ratios code/chat and math/chat from (N_BUCKETS, 3) counts."""
+    smoothed = class_counts + alpha
+    logp = np.log(smoothed / smoothed.sum(axis=0, keepdims=True))
+    return np.ascontiguousarray(logp[:, 1:] - logp[:, :1])
+
+
+def nb_scores(m: Matrix, rows: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return np.asarray(m.counts[rows] @ table) / m.totals[rows, None]
+
+
+@dataclass
+class Fitted:
+    w_dense: np.ndarray  # (2, N_DENSE) on standardised features, relative to chat
+    w_nb: np.ndarray  # (2, 2) on the NB scores
+    nb: np.ndarray  # (N_BUCKETS, 2) NB log-likelihood ratios (already times nb_scale)
+    bias: np.ndarray  # (2,)
+    mu: np.ndarray
+    sd: np.ndarray
+
+    def logits(self, m: Matrix, idx: np.ndarray) -> np.ndarray:
+        z = np.clip((m.dense[idx] - self.mu) / self.sd, -6.0, 6.0)
+        out = z @ self.w_dense.T + nb_scores(m, idx, self.nb) @ self.w_nb.T + self.bias
+        return np.hstack([np.zeros((len(idx), 1)), out])
+
+
+def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfig) -> Fitted:
+    """Fit on the examples at `idx` (nothing outside `idx` is looked at)."""
+    idx = np.asarray(idx)
+    w = sample_weights(examples, idx, cfg.source_power)
+    units = np.array([_unit(examples[i]) for i in idx])
+    onehot = np.eye(3)[m.y[idx]] * w[:, None]
+    per_unit: dict[str, np.ndarray] = {}
+    for u in sorted(set(units.tolist())):
+        rows = units == u
+        per_unit[u] = np.asarray(m.counts[idx[rows]].T @ onehot[rows])
+    total = sum(per_unit.values())
+    nb_oof = np.zeros((len(idx), 2))
+    for u, cu in per_unit.items():
+        rows = np.flatnonzero(units == u)
+        nb_oof[rows] = nb_scores(m, idx[rows], nb_table(total - cu, cfg.nb_alpha) * cfg.nb_scale)
+    nb_full = nb_table(total, cfg.nb_alpha) * cfg.nb_scale
+
+    dense = m.dense[idx]
+    mu = dense.mean(axis=0)
+    sd = dense.std(axis=0)
+    sd[sd < 1e-6] = 1.0
+    z = np.clip((dense - mu) / sd, -6.0, 6.0)
+    x = np.hstack([z, nb_oof])
+    clf = LogisticRegression(C=cfg.c, max_iter=cfg.max_iter)
+    clf.fit(x, m.y[idx], sample_weight=w)
+    coef = np.zeros((3, x.shape[1]))
+    bias = np.zeros(3)
+    coef[clf.classes_] = clf.coef_
+    bias[clf.classes_] = clf.intercept_
+    rel = coef[1:] - coef[0]
+    return Fitted(
+        w_dense=rel[:, : F.N_DENSE],
+        w_nb=rel[:, F.N_DENSE :],
+        nb=nb_full,
+        bias=bias[1:] - bias[0],
+        mu=mu,
+        sd=sd,
+    )
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = logits / temperature
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def fit_temperature(logits: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The temperature minimising (weighted) log-loss of softmax(logits / T)."""
+    w = np.ones(len(y)) if weights is None else weights
+
+    def nll(log_t: float) -> float:
+        p = softmax(logits, math.exp(log_t))
+        return float(-(w * np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None))).sum() / w.sum())
+
+    res = minimize_scalar(nll, bounds=(math.log(0.05), math.log(20.0)), method="bounded")
+    return float(math.exp(res.x))
+
+
+def apply_junk(probs: np.ndarray, junk: np.ndarray) -> np.ndarray:
+    from classifier.model import junk_weight
+
+    w = np.array([junk_weight(j) for j in junk])[:, None]
+    return (1.0 - w) * probs + w / 3.0
+
+
+def to_classifier(fitted: Fitted, temperature: float, meta: dict) -> Classifier:
+    from classifier.model import ArtifactInfo, feature_config
+
+    return Classifier(
+        w_dense=fitted.w_dense,
+        w_nb=fitted.w_nb,
+        nb=fitted.nb,
+        bias=fitted.bias,
+        mu=fitted.mu,
+        sd=fitted.sd,
+        temperature=temperature,
+        info=ArtifactInfo(
+            version=str(meta.get("version", "")),
+            data_hash=str(meta.get("data_hash", "")),
+            feature_version=F.FEATURE_VERSION,
+            trained_at=str(meta.get("trained_at", "")),
+            metrics=dict(meta.get("metrics", {})),
+        ),
+        config=feature_config(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The training run: data, leave-one-source-out, random split, final model
+
+
+@dataclass
+class TrainingData:
+    examples: list[Example]  # prompt items first, then extra text (evaluate=False)
+    matrix: Matrix
+    data_hash: str
+    files: list[str]
+
+
+def load_training_data(
+    prompts_dir: str, corpus_dir: str | None, *, extra: bool = True, seed: int = 0
+) -> TrainingData:
+    from pathlib import Path
+
+    from classifier.data import code_references, corpus_chat, hash_files, read_prompt_dir, stdlib_code
+    from classifier.synthetic import synthetic_examples
+
+    prompts, files = read_prompt_dir(prompts_dir)
+    examples = list(prompts)
+    if extra:
+        if corpus_dir is not None and Path(corpus_dir).is_dir():
+            chat, used = corpus_chat(
+                Path(corpus_dir), {"dolly_open_qa.jsonl": 800, "sgd_dialogues.jsonl": 300}, seed=seed
+            )
+            examples += chat
+            files = files + used
+        examples += stdlib_code(500, seed=seed)
+        examples += code_references(Path(prompts_dir))
+        examples += synthetic_examples(300, seed=seed)
+    return TrainingData(examples, featurise(examples), hash_files(files), [str(f) for f in files])
+
+
+def leave_one_source_out(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold logits of every evaluated example, each from a model that never saw its source.
+
+    Returns (idx, logits). Extra text derived from a source (its references) is held out with it.
+    """
+    ex = data.examples
+    groups = np.array([e.group for e in ex])
+    evaluate = np.array([e.evaluate for e in ex])
+    sources = sorted({e.source for e in ex if e.evaluate})
+    logits = np.zeros((len(ex), 3))
+    for s in sources:
+        train_idx = np.flatnonzero(groups != s)
+        test_idx = np.flatnonzero((groups == s) & evaluate)
+        fitted = fit(ex, data.matrix, train_idx, cfg)
+        logits[test_idx] = fitted.logits(data.matrix, test_idx)
+        acc = float((logits[test_idx].argmax(1) == data.matrix.y[test_idx]).mean())
+        log(f"  leave-one-source-out {s:<20} n={len(test_idx):<5} accuracy={acc:.3f}")
+    idx = np.flatnonzero(evaluate)
+    return idx, logits[idx]
+
+
+def random_split(
+    data: TrainingData, cfg: TrainConfig, test_share: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """A stratified (source x domain) random split; extra text always stays in training."""
+    ex = data.examples
+    rng = np.random.default_rng(seed)
+    strata: dict[tuple[str, str], list[int]] = {}
+    for i, e in enumerate(ex):
+        if e.evaluate:
+            strata.setdefault((e.source, e.label), []).append(i)
+    test: list[int] = []
+    for key in sorted(strata):
+        members = np.array(strata[key])
+        rng.shuffle(members)
+        test += members[: int(round(len(members) * test_share))].tolist()
+    test_idx = np.array(sorted(test))
+    train_idx = np.setdiff1d(np.arange(len(ex)), test_idx)
+    fitted = fit(ex, data.matrix, train_idx, cfg)
+    return test_idx, fitted.logits(data.matrix, test_idx)

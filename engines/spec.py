@@ -1,0 +1,361 @@
+"""Speculative decoding over the slot cache: batched `draft` and `verify` phases plus a
+single-request loop (`spec_generate`) on top.
+
+`SpecDecoder` owns the target's `KVCache` and per-slot request state. One step is
+
+    proposal = dec.draft(slots, k)            # ONE drafter pass for every row
+    emitted  = dec.verify(slots, proposal, keep)   # ONE target forward over ragged rows
+
+`verify` feeds row b `[y0, d_1..d_keep_b]` at positions n..n+keep_b (right-padded to the widest
+row; pad positions continue upward past the row's end, into the cache's headroom, where nothing is
+ever read before it is rewritten), accepts with `engines.verify`, commits the accepted prefix by
+moving the slot's length pointer, and stores the target features of the newly committed positions
+as the slot's pending drafter context, which the next `draft` hands to the drafter. With no drafter
+(`SpecDecoder(target, None, ...)`, engine "ar") `verify(slots, None, ...)` is a batched plain
+decode step, so one serving path covers AR and speculative engines.
+
+Position convention (see `engines/drafters/base.py`): the slot's cache holds x_0..x_{n-1}; y0 = x_n
+is the last emitted token, not yet fed to the target.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from engines.drafters.base import DraftContext, Drafter, Proposal
+from engines.generate import GenerationResult, check_room
+from engines.model import KVCache, Transformer
+from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from engines.stopping import StopState
+from engines.tokenizer import Tokenizer
+from engines.verify import verify_greedy, verify_sample
+from specroute.errors import UserError
+
+MAX_DRAFT = 32  # widest draft a step may verify; the cache keeps this much headroom for pads
+
+
+@dataclass
+class SlotStats:
+    drafted: int = 0        # drafts verified (kept), summed over steps
+    accepted: int = 0       # drafts accepted
+    steps: int = 0          # verification steps (target forwards after prefill)
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting d_{i+1}
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verification step, bonus included (vLLM convention)."""
+        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
+
+
+@dataclass
+class _Pending:
+    """Target features of committed positions the drafter has not seen yet."""
+    feats: list[Tensor] = field(default_factory=list)        # each [t, F]
+    positions: list[Tensor] = field(default_factory=list)    # each [t]
+    next_tokens: list[Tensor] = field(default_factory=list)  # each [t]
+
+    def append(self, feats: Tensor, start: int, next_tokens: Sequence[int]) -> None:
+        t = feats.shape[0]
+        self.feats.append(feats)
+        self.positions.append(torch.arange(start, start + t))
+        self.next_tokens.append(torch.tensor(list(next_tokens), dtype=torch.long))
+
+    def take(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        if not self.feats:
+            return None
+        out = torch.cat(self.feats), torch.cat(self.positions), torch.cat(self.next_tokens)
+        self.feats, self.positions, self.next_tokens = [], [], []
+        return out
+
+
+@dataclass
+class SlotState:
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    prefilled: int = 0              # prompt tokens already in the cache
+    y0: int | None = None           # last emitted token (not yet fed); None while prefilling
+    pending: _Pending = field(default_factory=_Pending)
+    stats: SlotStats = field(default_factory=SlotStats)
+
+
+@dataclass
+class Timing:
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    draft_calls: int = 0
+    verify_calls: int = 0
+
+
+class SpecDecoder:
+    """Target KV cache + per-slot state for batched speculative (or plain) decoding."""
+
+    def __init__(self, target: Transformer, drafter: Drafter | None, num_slots: int, max_len: int,
+                 prefill_chunk: int = 256) -> None:
+        if drafter is not None and drafter.target is not target:
+            raise UserError("drafter was built for a different target model")
+        self.target = target
+        self.drafter = drafter
+        self.num_slots = num_slots
+        self.max_len = max_len                      # logical context: prompt + output
+        self.prefill_chunk = prefill_chunk
+        headroom = MAX_DRAFT + 1 if drafter is not None else 0
+        self.cache = KVCache.for_model(target.config, num_slots, max_len + headroom)
+        self.capture = tuple(drafter.capture_layers) if drafter is not None else ()
+        if drafter is not None:
+            drafter.allocate(num_slots, max_len + headroom)
+        self.slots: dict[int, SlotState] = {}
+        self.timing = Timing()
+        self._feat_dim = 0
+
+    # --- request lifecycle -------------------------------------------------------------------
+    def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
+        params.validate()
+        check_room(self.target, len(prompt_ids), self.max_len)
+        self.cache.reset(slot)
+        if self.drafter is not None:
+            self.drafter.reset(slot)
+        self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed))
+
+    @torch.no_grad()
+    def prefill_step(self, slot: int, max_tokens: int) -> int | None:
+        """Feed up to `max_tokens` more prompt tokens. Returns y0 once the prompt is in the cache."""
+        st = self.slots[slot]
+        if st.y0 is not None:
+            return st.y0
+        a = st.prefilled
+        b = min(len(st.prompt), a + max(1, max_tokens))
+        out = self.target(torch.tensor([st.prompt[a:b]]), torch.arange(a, b)[None], self.cache,
+                          torch.tensor([slot]), self.capture)
+        self.cache.lengths[slot] = b
+        st.prefilled = b
+        y0 = None
+        if b == len(st.prompt):
+            logits = self.target.logits(out.hidden[0, -1])           # [V]
+            y0 = self._first_token(logits, st)
+            st.y0 = y0
+        if self.drafter is not None:
+            nxt = st.prompt[a + 1:b + 1] + ([y0] if y0 is not None else [])
+            f = self.drafter.features(out)[0]                          # [t, F]
+            self._feat_dim = f.shape[-1]
+            st.pending.append(f, a, nxt)
+        return y0
+
+    def prefill(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        self.start(slot, prompt_ids, params)
+        while (y0 := self.prefill_step(slot, self.prefill_chunk)) is None:
+            pass
+        return y0
+
+    def release(self, slot: int) -> None:
+        self.slots.pop(slot, None)
+        self.cache.reset(slot)
+        if self.drafter is not None:
+            self.drafter.reset(slot)
+
+    def stats(self, slot: int) -> SlotStats:
+        return self.slots[slot].stats
+
+    def length(self, slot: int) -> int:
+        """Committed target length n (the position y0 will be fed at)."""
+        return int(self.cache.lengths[slot])
+
+    def room(self, slot: int) -> int:
+        """Largest keep the slot's context allows: positions n..n+keep must stay < max_len."""
+        return max(0, self.max_len - 1 - self.length(slot))
+
+    # --- one speculative step ------------------------------------------------------------------
+    @torch.no_grad()
+    def draft(self, slots: Sequence[int], k: int) -> Proposal | None:
+        """ONE drafter pass proposing up to k tokens after each row's y0 (None without a drafter)."""
+        if self.drafter is None or k <= 0:
+            return None
+        t0 = time.perf_counter()
+        k = min(k, self.drafter.max_draft, MAX_DRAFT)
+        states = [self._ready(s) for s in slots]
+        taken = [st.pending.take() for st in states]
+        T = max((t[0].shape[0] for t in taken if t is not None), default=0)
+        B, F = len(slots), self._feat_dim
+        feats = torch.zeros(B, T, F)
+        positions = torch.zeros(B, T, dtype=torch.long)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        next_tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, (s, t) in enumerate(zip(slots, taken, strict=True)):
+            m, first = 0, self.length(s)
+            if t is not None:
+                f, p, nt = t
+                m, first = f.shape[0], int(p[-1]) + 1
+                feats[b, :m], positions[b, :m], next_tokens[b, :m], valid[b, :m] = f, p, nt, True
+            positions[b, m:] = torch.arange(first, first + T - m)   # pads continue upward
+        ctx = DraftContext(
+            slots=torch.tensor(list(slots), dtype=torch.long), feats=feats, positions=positions,
+            valid=valid, next_tokens=next_tokens,
+            last_token=torch.tensor([st.y0 for st in states], dtype=torch.long),
+            start=torch.tensor([self.length(s) for s in slots], dtype=torch.long),
+        )
+        proposal = self.drafter.propose(ctx, k)
+        self.timing.draft_s += time.perf_counter() - t0
+        self.timing.draft_calls += 1
+        return proposal
+
+    @torch.no_grad()
+    def verify(self, slots: Sequence[int], proposal: Proposal | None, keep: Sequence[int]) -> list[list[int]]:
+        """ONE target forward over ragged rows [y0, d_1..d_keep]; accept, commit, return the tokens
+        emitted per row (accepted drafts + correction/bonus, at least one each). `proposal` rows are in
+        the order of the `draft(slots, k)` call that made it; `keep[b]` is clamped to the proposal's
+        width and to the room left in the slot's context."""
+        t0 = time.perf_counter()
+        B = len(slots)
+        states = [self._ready(s) for s in slots]
+        K = 0 if proposal is None else proposal.tokens.shape[1]
+        if len(keep) != B:
+            raise ValueError(f"keep has {len(keep)} entries for {B} rows")
+        kept = [max(0, min(int(keep[b]), K, MAX_DRAFT, self.room(s))) for b, s in enumerate(slots)]
+        for s in slots:
+            if self.length(s) >= self.max_len:
+                raise UserError(f"slot {s}: context of {self.max_len} tokens is full")
+        W = max(kept, default=0)                                     # widest row's drafts
+        drafts = proposal.tokens[:, :W].long() if proposal is not None else torch.zeros(B, 0, dtype=torch.long)
+        tokens = torch.zeros(B, W + 1, dtype=torch.long)
+        tokens[:, 0] = torch.tensor([st.y0 for st in states])
+        tokens[:, 1:] = drafts
+        starts = torch.tensor([self.length(s) for s in slots])
+        positions = starts[:, None] + torch.arange(W + 1)[None]     # [B, W+1], pads continue upward
+        out = self.target(tokens, positions, self.cache, torch.tensor(list(slots)), self.capture)
+        logits = self.target.logits(out.hidden)                     # [B, W+1, V]
+        keep_t = torch.tensor(kept, dtype=torch.long)
+
+        num_acc = torch.zeros(B, dtype=torch.long)
+        nxt = torch.zeros(B, dtype=torch.long)
+        greedy = [b for b, st in enumerate(states) if st.params.greedy]
+        if greedy:
+            idx = torch.tensor(greedy)
+            a, y = verify_greedy(logits[idx], drafts[idx], keep_t[idx])
+            num_acc[idx], nxt[idx] = a, y
+        for b, st in enumerate(states):   # sampled rows: each with its own params and generator
+            if st.params.greedy:
+                continue
+            kb = kept[b]   # only this row's own kept drafts: its random stream ignores the batch
+            p = logits_to_probs(logits[b:b + 1, :kb + 1], st.params.temperature, st.params.top_p)
+            q = proposal.probs[b:b + 1, :kb] if proposal is not None and proposal.probs is not None else None
+            a, y = verify_sample(p, drafts[b:b + 1, :kb], q, keep_t[b:b + 1], st.generator)
+            num_acc[b], nxt[b] = a[0], y[0]
+
+        feats = self.drafter.features(out) if self.drafter is not None else None
+        emitted: list[list[int]] = []
+        for b, (s, st) in enumerate(zip(slots, states, strict=True)):
+            a, n = int(num_acc[b]), int(starts[b])
+            row = drafts[b, :a].tolist() + [int(nxt[b])]
+            self.cache.lengths[s] = n + a + 1                        # y0 and the accepted drafts
+            if feats is not None:
+                st.pending.append(feats[b, :a + 1], n, row)
+            st.y0 = row[-1]
+            ss = st.stats
+            ss.steps += 1
+            ss.drafted += kept[b]
+            ss.accepted += a
+            if len(ss.accepted_per_position) < kept[b]:
+                ss.accepted_per_position += [0] * (kept[b] - len(ss.accepted_per_position))
+            for i in range(a):
+                ss.accepted_per_position[i] += 1
+            emitted.append(row)
+        self.timing.verify_s += time.perf_counter() - t0
+        self.timing.verify_calls += 1
+        return emitted
+
+    def step(self, slots: Sequence[int], k: int) -> list[list[int]]:
+        proposal = self.draft(slots, k)
+        return self.verify(slots, proposal, [k] * len(slots))
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _ready(self, slot: int) -> SlotState:
+        st = self.slots.get(slot)
+        if st is None or st.y0 is None:
+            raise RuntimeError(f"slot {slot} has no prefilled request")
+        return st
+
+    @staticmethod
+    def _first_token(logits: Tensor, st: SlotState) -> int:
+        if st.params.greedy:
+            return int(logits.argmax(-1))
+        return int(sample(logits_to_probs(logits, st.params.temperature, st.params.top_p), st.generator))
+
+
+@torch.no_grad()
+def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, prompt_ids: list[int],
+                  params: SamplingParams, max_tokens: int = 128, stop: tuple[str, ...] = (), k: int = 3,
+                  max_len: int | None = None, decoder: SpecDecoder | None = None,
+                  slot: int = 0) -> GenerationResult:
+    """One request through draft/verify steps (drafter None: plain decoding through the same path).
+    Stop strings, EOS and max_tokens are applied token by token, so an accepted block is cut exactly
+    where plain decoding would stop."""
+    max_len = max_len or (decoder.max_len if decoder else target.config.max_position_embeddings)
+    check_room(target, len(prompt_ids), max_len)
+    max_tokens = min(max_tokens, max_len - len(prompt_ids))
+    if max_tokens <= 0:
+        raise UserError("max_tokens must be positive")
+    dec = decoder or SpecDecoder(target, drafter, 1, max_len)
+    state = StopState(tok.decode, frozenset(target.config.eos_ids), stop, max_tokens)
+    t0 = time.perf_counter()
+    y0 = dec.prefill(slot, prompt_ids, params)
+    ttft = time.perf_counter() - t0
+    emitted = [y0]
+    state.push(y0)
+    while not state.done:
+        kk = max(0, min(k, max_tokens - len(emitted) - 1))   # never draft past max_tokens
+        proposal = dec.draft([slot], kk)
+        row = dec.verify([slot], proposal, [kk])[0]
+        _, used = state.push_many(row)
+        emitted += row[:used]
+    st = dec.stats(slot)
+    result = GenerationResult(
+        text=state.text, token_ids=emitted, finish_reason=state.finish_reason,
+        prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), steps=st.steps,
+        drafted_tokens=st.drafted, accepted_tokens=st.accepted,
+        accepted_per_position=list(st.accepted_per_position),
+        wall_s=time.perf_counter() - t0, ttft_s=ttft,
+    )
+    dec.release(slot)
+    return result
+
+
+# --- losslessness check (shared by tests and the acceptance benchmark) -------------------------------
+@dataclass(frozen=True)
+class LosslessCheck:
+    identical: bool           # token lists equal
+    ok: bool                  # identical, or the first difference is a tolerated near-tie
+    position: int | None      # first differing output position
+    gap: float | None         # |logit(a) - logit(b)| of the two candidates there (fp32)
+    reason: str = ""
+
+
+@torch.no_grad()
+def check_lossless(target: Transformer, prompt_ids: Sequence[int], got: Sequence[int], ref: Sequence[int],
+                   tol: float = 1e-4) -> LosslessCheck:
+    """Compare a speculative output with plain greedy decoding. At the first differing position the
+    target's logits for the shared prefix (plain forward, no cache, fp32) must show a near-tie: the two
+    candidate tokens are both within `tol` of the maximum logit. Anything else is a bug."""
+    got, ref = list(got), list(ref)
+    if got == ref:
+        return LosslessCheck(True, True, None, None)
+    i = next((j for j, (x, y) in enumerate(zip(got, ref, strict=False)) if x != y), None)
+    if i is None:
+        return LosslessCheck(False, False, min(len(got), len(ref)), None,
+                             f"outputs have different lengths ({len(got)} vs {len(ref)}) with equal prefix")
+    seq = list(prompt_ids) + ref[:i]
+    hidden = target(torch.tensor([seq]), torch.arange(len(seq))[None]).hidden
+    logits = target.logits(hidden[0, -1]).float()
+    top = float(logits.max())
+    a, b = float(logits[got[i]]), float(logits[ref[i]])
+    gap = abs(a - b)
+    ok = gap < tol and top - a < tol and top - b < tol
+    reason = "" if ok else (f"first difference at output position {i}: got {got[i]} (logit {a:.6f}), "
+                            f"expected {ref[i]} (logit {b:.6f}), max logit {top:.6f}")
+    return LosslessCheck(False, ok, i, gap, reason)

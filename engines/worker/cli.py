@@ -1,0 +1,101 @@
+"""`specroute worker`: one process = one engine = one pool member.
+
+    specroute worker --engine dfly --dcut --model models/demo --port 50052 --metrics-port 9102 \
+        --redis-url redis://127.0.0.1:6379/0 --pool dfly
+
+Every flag also reads from the environment (`SPECROUTE_WORKER_<FLAG>`, e.g. SPECROUTE_WORKER_REDIS_URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from pydantic import ValidationError
+
+from specroute.errors import UserError
+
+FLAGS: list[tuple[str, dict]] = [
+    ("--engine", dict(help="ar | mtp | dflash | dfly | vllm | null")),
+    ("--model", dict(help="model bundle directory")),
+    ("--host", dict()),
+    ("--port", dict(type=int)),
+    ("--metrics-port", dict(type=int, help="Prometheus side port (off when unset)")),
+    ("--max-running", dict(type=int)),
+    ("--max-waiting", dict(type=int)),
+    ("--max-tokens-default", dict(type=int)),
+    ("--context-length", dict(type=int)),
+    ("--block-size", dict(type=int, help="block drafters: block size B (drafts B-1 tokens)")),
+    ("--k", dict(type=int, help="draft tokens per step")),
+    ("--prefill-chunk", dict(type=int)),
+    ("--prefill-budget", dict(type=int)),
+    ("--dcut-profile-dir", dict()),
+    ("--redis-url", dict()),
+    ("--pool", dict()),
+    ("--threads", dict(type=int)),
+    ("--drain-timeout-s", dict(type=float)),
+    ("--null-token-delay-ms", dict(type=float)),
+    ("--vllm-drafter", dict()),
+    ("--vllm-method", dict()),
+    ("--vllm-gpu-memory-utilization", dict(type=float)),
+    ("--vllm-tensor-parallel-size", dict(type=int)),
+]
+
+
+def parse_settings(argv: list[str]):
+    from engines.worker.settings import WorkerSettings
+
+    ap = argparse.ArgumentParser(prog="specroute worker", description=__doc__.split("\n")[0])
+    for flag, kw in FLAGS:
+        ap.add_argument(flag, default=None, **kw)
+    ap.add_argument("--dcut", action=argparse.BooleanOptionalAction, default=None,
+                    help="adaptive verification depth (D-Cut)")
+    args = vars(ap.parse_args(argv))
+    given = {k: v for k, v in args.items() if v is not None}
+    try:
+        return WorkerSettings(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "settings"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise UserError(msg if where == "settings" else f"{where}: {msg}") from None
+
+
+def main(argv: list[str]) -> int:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=os.environ.get("SPECROUTE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    import torch
+
+    torch.set_num_threads(settings.threads)
+    from engines.worker.metrics import WorkerMetrics
+    from engines.worker.server import serve
+
+    metrics = WorkerMetrics()
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port, settings.host)
+
+    async def run() -> None:
+        if settings.engine == "null":
+            from engines.worker.null_engine import NullBackend
+
+            backend = NullBackend(settings)
+        elif settings.engine == "vllm":
+            from engines.vllm_adapter import VllmBackend
+
+            backend = VllmBackend(settings, metrics)
+        else:
+            from engines.worker.backend import LocalBackend
+
+            backend = await asyncio.get_running_loop().run_in_executor(None, LocalBackend, settings, metrics)
+
+        def ready(port: int) -> None:
+            print(f"specroute worker {settings.engine} ready on {settings.host}:{port}", flush=True)
+
+        await serve(settings, backend, metrics, on_ready=ready)
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,228 @@
+"""grpc.aio servicer for `protos/specroute/v1/engine.proto` over any `Backend`.
+
+Generate: validate and tokenize in the worker, submit to the backend with a thread-safe sink that
+feeds an asyncio queue, stream one chunk per event. A client that goes away (cancel, disconnect,
+deadline) cancels the handler task; the `finally` cancels the request in the batcher, which frees
+its slot at once. The final chunk carries the request's speculative statistics, and a feedback
+record goes to Redis through the background writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+import specroute
+from engines.batcher import Closed, Event, GenRequest, QueueFull
+from engines.sampling import SamplingParams
+from router.feedback import FeedbackRecord
+from specroute.errors import UserError
+from specroute.v1 import engine_pb2 as pb
+from specroute.v1 import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("specroute.worker")
+
+SERVICE = "specroute.v1.Engine"
+ABORT_CODES = {
+    "cancelled": grpc.StatusCode.CANCELLED,
+    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "shutdown": grpc.StatusCode.UNAVAILABLE,
+    "error": grpc.StatusCode.INTERNAL,
+}
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+def sampling_from_pb(s: pb.SamplingParams) -> SamplingParams:
+    t, p = float(s.temperature), float(s.top_p)
+    if not math.isfinite(t) or t < 0 or t > 100:
+        raise InvalidRequest(f"temperature must be in [0, 100], got {t:g}")
+    if not math.isfinite(p) or p < 0 or p > 1:
+        raise InvalidRequest(f"top_p must be in [0, 1] (0 or 1 disables it), got {p:g}")
+    return SamplingParams(temperature=t, top_p=1.0 if p == 0 else p,
+                          seed=int(s.seed) if s.has_seed else None)
+
+
+def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadline: float | None) -> GenRequest:
+    """Validate + tokenize. Raises InvalidRequest with a one-line message."""
+    if r.messages and r.prompt:
+        raise InvalidRequest("give either messages or prompt, not both")
+    messages = [{"role": m.role, "content": m.content} for m in r.messages] or None
+    if not messages and not r.prompt:
+        raise InvalidRequest("empty prompt")
+    params = sampling_from_pb(r.sampling)
+    if r.max_tokens < 0:
+        raise InvalidRequest(f"max_tokens must be positive, got {r.max_tokens}")
+    if len(r.stop) > 16 or any(len(s) > 256 for s in r.stop) or any(not s for s in r.stop):
+        raise InvalidRequest("stop: at most 16 non-empty strings of at most 256 characters")
+    try:
+        ids = backend.tokenize(messages, r.prompt)
+    except UserError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if not ids:
+        raise InvalidRequest("empty prompt")
+    ctx = backend.info.max_context
+    if len(ids) >= ctx:
+        raise InvalidRequest(f"prompt is {len(ids)} tokens; the context holds {ctx} (prompt + output)")
+    max_tokens = min(r.max_tokens or default_max_tokens, ctx - len(ids))
+    return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
+                      request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
+                      domain=r.domain, pool=r.pool)
+
+
+def stats_pb(ev: Event) -> pb.SpecStats:
+    s = ev.stats
+    if s is None:
+        return pb.SpecStats()
+    return pb.SpecStats(drafted_tokens=s.drafted, accepted_tokens=s.accepted, steps=s.steps,
+                        mean_accepted_length=s.mean_accepted_length,
+                        accepted_per_position=s.accepted_per_position)
+
+
+class EngineService(pb_grpc.EngineServicer):
+    def __init__(self, backend, settings, metrics=None, feedback=None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self.feedback = feedback
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[pb.GenerateChunk]:
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        try:
+            req = build_request(request, self.backend, self.settings.max_tokens_default, deadline)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(ev: Event) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+
+        try:
+            handle = self.backend.submit(req, sink)
+        except QueueFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except Closed as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finished = False
+        first = True
+        try:
+            while True:
+                ev = await q.get()
+                if ev.finish_reason in ABORT_CODES:
+                    finished = True
+                    msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
+                                       "shutdown": "worker shut down before the request finished"}.get(
+                                           ev.finish_reason, "engine error")
+                    await context.abort(ABORT_CODES[ev.finish_reason], msg)
+                chunk = pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
+                if first:
+                    chunk.prompt_tokens = len(req.prompt_ids)
+                    first = False
+                if ev.finish_reason:
+                    finished = True
+                    chunk.finish_reason = ev.finish_reason
+                    chunk.prompt_tokens = len(req.prompt_ids)
+                    if ev.stats is not None:
+                        chunk.completion_tokens = ev.stats.completion_tokens
+                        chunk.stats.CopyFrom(stats_pb(ev))
+                        self._record(req, ev)
+                    yield chunk
+                    return
+                yield chunk
+        finally:
+            if not finished:
+                self.backend.cancel(handle)
+
+    def _record(self, req: GenRequest, ev: Event) -> None:
+        if self.feedback is None or ev.stats is None:
+            return
+        s = ev.stats
+        self.feedback.put(FeedbackRecord(
+            pool=req.pool or self.settings.pool, domain=req.domain or "unknown", tokens=s.completion_tokens,
+            drafted=s.drafted, accepted=s.accepted, steps=s.steps, wall_ms=s.wall_s * 1000.0,
+            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=self.backend.info.engine))
+
+    def _info(self) -> pb.InfoResponse:
+        i = self.backend.info
+        return pb.InfoResponse(model_id=i.model_id, engine=i.engine, drafter=i.drafter, block_size=i.block_size,
+                               max_context=i.max_context, max_running=i.max_running,
+                               max_waiting=i.max_waiting, dcut=self.backend.dcut_enabled,
+                               version=specroute.__version__)
+
+    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
+        return self._info()
+
+    async def Load(self, request: pb.LoadRequest, context) -> pb.LoadResponse:
+        s = self.backend.load()
+        return pb.LoadResponse(running=s.running, waiting=s.waiting, cache_usage=s.cache_usage,
+                               tokens_per_s=s.tokens_per_s, mean_accepted_length=s.mean_accepted_length,
+                               max_running=s.max_running, dcut_enabled=self.backend.dcut_enabled,
+                               kept_ratio=self.backend.kept_ratio)
+
+    async def SetDcut(self, request: pb.SetDcutRequest, context) -> pb.InfoResponse:
+        on = self.backend.set_dcut(request.enabled)
+        if request.enabled and not on:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "D-Cut is not available on this worker (start it with --dcut and a drafter)")
+        log.info("D-Cut %s", "enabled" if on else "disabled")
+        return self._info()
+
+
+async def serve(settings, backend, metrics=None, on_ready=None) -> None:
+    """Run until SIGTERM/SIGINT, then drain: stop admitting, let running requests finish (bounded by
+    `drain_timeout_s`), end the rest with UNAVAILABLE, stop the server."""
+    from engines.worker.feedback import FeedbackWriter
+
+    feedback = None
+    if settings.redis_url:
+        feedback = FeedbackWriter(settings.redis_url, maxsize=settings.feedback_queue,
+                                  on_error=metrics.redis_errors.inc if metrics else None,
+                                  on_written=metrics.feedback_written.inc if metrics else None)
+        feedback.start()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_EngineServicer_to_server(EngineService(backend, settings, metrics, feedback), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise UserError(f"cannot bind {settings.host}:{settings.port}")
+    await server.start()
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("worker %s listening on %s:%d", settings.engine, settings.host, port)
+    if on_ready is not None:
+        on_ready(port)
+    await stop.wait()
+    log.info("draining")
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    backend.close()
+    t_end = time.monotonic() + settings.drain_timeout_s
+    while time.monotonic() < t_end:
+        s = backend.load()
+        if s.running == 0 and s.waiting == 0:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.get_running_loop().run_in_executor(None, backend.stop)
+    await asyncio.sleep(0.05)   # let the last chunks / aborts go out
+    await server.stop(grace=2.0)
+    if feedback is not None:
+        await feedback.close()

@@ -1,0 +1,65 @@
+"""Worker settings: one object from the environment (`SPECROUTE_WORKER_*`) and CLI flags (cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENGINES = ("ar", "mtp", "dflash", "dfly", "vllm", "null")
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECROUTE_WORKER_", extra="ignore")
+
+    engine: str = "ar"
+    model: Path | None = None                 # model bundle directory (optional only for `null`)
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535)   # Prometheus side port (None: off)
+    max_running: int = Field(32, ge=1, le=1024)
+    max_waiting: int = Field(128, ge=0)
+    max_tokens_default: int = Field(256, ge=1)
+    context_length: int | None = Field(None, ge=8)            # default: the model's max positions
+    block_size: int | None = Field(None, ge=2, le=33)         # block drafters: tokens per block (B; drafts B-1)
+    k: int | None = Field(None, ge=0, le=32)                  # draft tokens per step (default: drafter max)
+    prefill_chunk: int = Field(128, ge=1)
+    prefill_budget: int = Field(256, ge=1)
+    dcut: bool = False
+    dcut_profile_dir: Path | None = None      # where dcut_profile.json goes if not next to the model
+    redis_url: str | None = None              # feedback; None disables it
+    pool: str = ""                            # pool name reported with feedback (default: engine kind)
+    threads: int = Field(1, ge=1, le=256)     # torch intra-op threads
+    drain_timeout_s: float = Field(30.0, ge=0)
+    feedback_queue: int = Field(1000, ge=1)
+    # null engine: output tokens per request when the request does not say (0: use max_tokens)
+    null_text: str = "lorem ipsum dolor sit amet "
+    null_token_delay_ms: float = Field(0.0, ge=0)
+    # vLLM adapter
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_drafter: str | None = None           # dflash drafter checkpoint path / HF id
+    vllm_method: str | None = None            # mtp | dflash (default: from --drafter / mtp)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"unknown engine {v!r} (expected one of {', '.join(ENGINES)})")
+        return v
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> WorkerSettings:
+        if self.engine != "null" and self.model is None:
+            raise ValueError(f"--model is required for engine {self.engine!r}")
+        if not self.pool:
+            self.pool = self.engine + ("-dcut" if self.dcut else "")
+        return self
+
+    @property
+    def draft_k(self) -> int | None:
+        """Draft tokens per step asked for: --k, else block size - 1."""
+        if self.k is not None:
+            return self.k
+        return self.block_size - 1 if self.block_size else None

@@ -1,0 +1,72 @@
+"""FastAPI app factory: `create_app(settings)` wires the gateway object, routers and error handlers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from router.api import admin, health, openai
+from router.errors import install_handlers
+from router.gateway import ClassifyFn, Gateway
+from router.metrics import Metrics
+from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.settings import Settings
+
+VERSION = "0.1.0"
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    classify: ClassifyFn | None = None,
+    rng: random.Random | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """Build the gateway app. `classify` and `rng` can be injected (tests); by default the classifier
+    is imported lazily from `classifier` and the RNG is seeded from `settings.seed`."""
+    settings = settings or Settings()
+    gateway = Gateway(settings, classify=classify, rng=rng, metrics=metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = FastAPI(
+        title="specroute gateway",
+        version=VERSION,
+        description="OpenAI-compatible gateway that routes each request to the speculative-decoding pool "
+        "with the best expected goodput.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.gateway = gateway
+    install_handlers(app)
+    app.include_router(openai.router)
+    app.include_router(health.router)
+    if settings.admin_enabled:
+        app.include_router(admin.router)
+
+    def custom_openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ChatCompletionRequest, CompletionRequest):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(js.pop("$defs", {}))
+            comps[model.__name__] = js
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = custom_openapi  # type: ignore[method-assign]
+    return app

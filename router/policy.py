@@ -1,0 +1,354 @@
+"""Routing policy: the operator's versioned document and the pure decision function.
+
+`decide(...)` maps (classifier probabilities and uncertainty, per domain x pool statistics, pool
+health and load, operator policy, an injected RNG) to a `Decision(pool, domain, reason)`. It does no
+I/O and reads no clock, so it is deterministic given the RNG and unit-testable.
+
+Order of precedence (first match wins):
+
+1. `pin`        operator pin for the domain (or `"*"`) - always wins over learning.
+2. `uncertain`  classifier uncertainty above `uncertainty_threshold` -> `safe_pool`.
+3. `canary`     a traffic share for a canary pool (per domain or all domains).
+4. `explore`    with probability `exploration_rate`, a random other candidate (feeds the statistics).
+5. `learned`    another candidate whose expected goodput beats the default pool's by
+                `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
+6. `default`    the domain's default pool.
+
+Whenever the chosen pool is drained or unhealthy the decision walks `fallback_order` (then every
+pool) and says `fallback`; with nothing available the pool is `None` (`no_healthy_pool`).
+
+Expected goodput of a pool for a domain (output tokens per second of one request):
+
+    goodput = (1 + k * alpha) * 1000 / step_ms / (1 + waiting / max_running)
+
+with `k` the observed draft length per step (after D-Cut), `alpha` the acceptance rate
+(accepted / drafted, sampled from a Beta posterior built from decayed counts) and `step_ms` the
+observed decode time per verification step. `1 + k * alpha` is exactly the mean accepted length
+(vLLM convention) in expectation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from router.feedback import CellStats
+
+DOMAINS: tuple[str, ...] = ("chat", "code", "math")
+UNKNOWN_DOMAIN = "unknown"
+WILDCARD = "*"
+
+REASONS: tuple[str, ...] = (
+    "pin",
+    "uncertain",
+    "canary",
+    "explore",
+    "learned",
+    "default",
+    "fallback",
+    "no_healthy_pool",
+)
+
+
+class Canary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pool: str
+    share: float = Field(ge=0.0, le=1.0, description="fraction of the matching traffic sent to the pool")
+    domains: list[str] = Field(default_factory=list, description="empty = every domain")
+
+
+class Learning(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    method: Literal["thompson", "ucb"] = "thompson"
+    min_samples: float = Field(default=5.0, ge=0.0, description="decayed requests before a cell is trusted")
+    switch_margin: float = Field(default=0.05, ge=0.0, le=10.0, description="relative goodput gain to leave the default")
+    evidence_per_request: float = Field(default=4.0, gt=0.0, le=1000.0, description="Beta pseudo-counts per request")
+    prior_acceptance: tuple[float, float] = (1.0, 1.0)
+    ucb_c: float = Field(default=1.0, ge=0.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _prior_positive(self) -> Learning:
+        if self.prior_acceptance[0] <= 0 or self.prior_acceptance[1] <= 0:
+            raise ValueError("prior_acceptance must be two positive numbers")
+        return self
+
+
+class Policy(BaseModel):
+    """The operator policy document stored in Redis as `specroute:policy`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(default=0, ge=0, description="set by the store; ignored on write")
+    pools: list[str] = Field(min_length=1, description="pool names this policy routes between")
+    domains: list[str] = Field(default_factory=lambda: list(DOMAINS), min_length=1)
+    defaults: dict[str, str] = Field(description="default pool per domain")
+    safe_pool: str
+    uncertainty_threshold: float = Field(default=0.6, ge=0.0, le=1.0)
+    pins: dict[str, str] = Field(default_factory=dict, description="domain (or '*') -> pool; beats learning")
+    drained: list[str] = Field(default_factory=list, description="pools that receive no new requests")
+    canaries: list[Canary] = Field(default_factory=list)
+    exploration_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    half_life_s: float = Field(default=300.0, gt=0.0, le=30 * 86400.0)
+    fallback_order: list[str] = Field(default_factory=list)
+    candidates: dict[str, list[str]] = Field(
+        default_factory=dict, description="pools learning may choose per domain (default: all pools)"
+    )
+    learning: Learning = Field(default_factory=Learning)
+    comment: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Policy:
+        errors: list[str] = []
+        pools = set(self.pools)
+        if len(pools) != len(self.pools):
+            errors.append("pools must be unique")
+        for p in self.pools:
+            if not p or not p.replace("-", "").replace("_", "").replace(".", "").isalnum():
+                errors.append(f"pool name {p!r} must be non-empty [A-Za-z0-9._-]")
+        domains = set(self.domains)
+
+        def ref(where: str, pool: str) -> None:
+            if pool not in pools:
+                errors.append(f"{where}: unknown pool {pool!r} (pools: {sorted(pools)})")
+
+        for d in self.domains:
+            if d not in self.defaults:
+                errors.append(f"defaults: missing a pool for domain {d!r}")
+        for d, p in self.defaults.items():
+            if d not in domains:
+                errors.append(f"defaults: unknown domain {d!r}")
+            ref(f"defaults[{d}]", p)
+        ref("safe_pool", self.safe_pool)
+        for d, p in self.pins.items():
+            if d != WILDCARD and d not in domains:
+                errors.append(f"pins: unknown domain {d!r}")
+            ref(f"pins[{d}]", p)
+        for p in self.drained:
+            ref("drained", p)
+        if pools and pools <= set(self.drained):
+            errors.append("drained: every pool is drained; nothing could be served")
+        for p in self.fallback_order:
+            ref("fallback_order", p)
+        for d, ps in self.candidates.items():
+            if d not in domains:
+                errors.append(f"candidates: unknown domain {d!r}")
+            for p in ps:
+                ref(f"candidates[{d}]", p)
+        share: dict[str, float] = {}
+        for i, c in enumerate(self.canaries):
+            ref(f"canaries[{i}]", c.pool)
+            for d in c.domains or list(self.domains):
+                if d not in domains:
+                    errors.append(f"canaries[{i}]: unknown domain {d!r}")
+                share[d] = share.get(d, 0.0) + c.share
+        for d, s in share.items():
+            if s > 1.0 + 1e-9:
+                errors.append(f"canaries: shares for domain {d!r} add up to {s:.3f} > 1")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+def default_policy(pool_names: Sequence[str]) -> Policy:
+    """Chat -> mtp, code and math -> dfly, safe pool mtp (or the first pool when those are absent)."""
+    names = list(dict.fromkeys(pool_names)) or ["default"]
+
+    def pick(*prefs: str) -> str:
+        return next((p for p in prefs if p in names), names[0])
+
+    chat, spec = pick("mtp"), pick("dfly", "dflash", "mtp")
+    return Policy(
+        pools=names,
+        defaults={"chat": chat, "code": spec, "math": spec},
+        safe_pool=chat,
+        uncertainty_threshold=0.6,
+        fallback_order=[chat] + [p for p in names if p != chat],
+        comment="built-in default",
+    )
+
+
+def policy_warnings(policy: Policy, known_pools: Sequence[str]) -> list[str]:
+    """Problems that are legal but probably unintended, relative to this gateway's configured pools."""
+    known = set(known_pools)
+    out = [f"pool {p!r} is not configured on this gateway" for p in policy.pools if p not in known]
+    if policy.safe_pool in policy.drained:
+        out.append(f"safe_pool {policy.safe_pool!r} is drained; uncertain requests will fall back")
+    for d, p in policy.defaults.items():
+        if p in policy.drained:
+            out.append(f"default pool {p!r} of domain {d!r} is drained")
+    return out
+
+
+def diff_policies(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Flat list of changed paths `{"path", "old", "new"}` (version and comment metadata skipped)."""
+    out: list[dict[str, Any]] = []
+
+    def walk(path: str, a: Any, b: Any) -> None:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for k in sorted(set(a) | set(b), key=str):
+                if not path and k == "version":
+                    continue
+                walk(f"{path}.{k}" if path else str(k), a.get(k), b.get(k))
+        elif a != b:
+            out.append({"path": path, "old": a, "new": b})
+
+    walk("", dict(old or {}), dict(new))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# decision
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """What the gateway currently knows about one pool (from health checks and `Load`)."""
+
+    healthy: bool
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    endpoints: int = 0
+
+    @property
+    def queue_factor(self) -> float:
+        return 1.0 + self.waiting / max(self.max_running, 1) if self.waiting > 0 else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pool: str | None
+    domain: str
+    reason: str
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+StatsSnapshot = Mapping[tuple[str, str], CellStats]  # (domain, pool) -> decayed stats
+
+
+def top_domain(probabilities: Mapping[str, float]) -> str:
+    best, best_p = UNKNOWN_DOMAIN, -math.inf
+    for label, p in probabilities.items():
+        if p > best_p:
+            best, best_p = label, p
+    return best
+
+
+def expected_goodput(
+    cell: CellStats,
+    state: PoolState | None,
+    learning: Learning,
+    rng: random.Random | None,
+) -> float | None:
+    """Expected output tokens/s of one request on this cell; `None` without usable statistics.
+
+    With `rng` (Thompson) the acceptance rate is sampled from its Beta posterior; without it the
+    posterior mean (or the UCB bound for `method="ucb"`) is used.
+    """
+    step_ms = cell.step_ms
+    if step_ms is None or step_ms <= 0:
+        return None
+    k = cell.draft_len or 0.0
+    a0, b0 = learning.prior_acceptance
+    alpha_hat = cell.acceptance_rate if cell.acceptance_rate is not None else a0 / (a0 + b0)
+    alpha_hat = min(1.0, max(0.0, alpha_hat))
+    evidence = cell.n * learning.evidence_per_request
+    a, b = a0 + alpha_hat * evidence, b0 + (1.0 - alpha_hat) * evidence
+    if learning.method == "thompson" and rng is not None:
+        alpha = rng.betavariate(a, b)
+    elif learning.method == "ucb":
+        mean = a / (a + b)
+        var = a * b / ((a + b) ** 2 * (a + b + 1.0))
+        alpha = min(1.0, mean + learning.ucb_c * math.sqrt(var))
+    else:
+        alpha = a / (a + b)
+    goodput = (1.0 + k * alpha) * 1000.0 / step_ms
+    if state is not None:
+        goodput /= state.queue_factor
+    return goodput
+
+
+def decide(
+    probabilities: Mapping[str, float],
+    uncertainty: float,
+    stats: StatsSnapshot,
+    pools: Mapping[str, PoolState],
+    policy: Policy,
+    rng: random.Random,
+) -> Decision:
+    """Choose a pool for one request. Pure: all inputs explicit, randomness from `rng`."""
+    domain = top_domain(probabilities)
+    drained = set(policy.drained)
+
+    def available(p: str) -> bool:
+        st = pools.get(p)
+        return p in policy.pools and p not in drained and st is not None and st.healthy
+
+    def fallback() -> Decision:
+        for p in [*policy.fallback_order, policy.safe_pool, *policy.pools]:
+            if available(p):
+                return Decision(p, domain, "fallback")
+        return Decision(None, domain, "no_healthy_pool")
+
+    # 1. operator pins always win
+    pin = policy.pins.get(domain) or policy.pins.get(WILDCARD)
+    if pin is not None:
+        return Decision(pin, domain, "pin") if available(pin) else fallback()
+
+    # 2. uncertain classification -> the safe pool
+    if domain == UNKNOWN_DOMAIN or uncertainty > policy.uncertainty_threshold:
+        if available(policy.safe_pool):
+            return Decision(policy.safe_pool, domain, "uncertain")
+        return fallback()
+
+    # 3. canaries
+    if policy.canaries:
+        r, acc = rng.random(), 0.0
+        for c in policy.canaries:
+            if c.domains and domain not in c.domains:
+                continue
+            acc += c.share
+            if r < acc:
+                if available(c.pool):
+                    return Decision(c.pool, domain, "canary")
+                break
+
+    default = policy.defaults.get(domain, policy.safe_pool)
+    learning = policy.learning
+    if learning.enabled:
+        cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
+        # 4. exploration keeps every candidate's statistics fresh
+        if len(cands) > 1 and policy.exploration_rate > 0 and rng.random() < policy.exploration_rate:
+            others = [p for p in cands if p != default] or cands
+            return Decision(rng.choice(others), domain, "explore")
+        # 5. exploitation: beat the default's expected goodput by a margin
+        scores: dict[str, float] = {}
+        sampler = rng if learning.method == "thompson" else None
+        for p in cands:
+            cell = stats.get((domain, p))
+            if cell is None or cell.n < learning.min_samples:
+                continue
+            g = expected_goodput(cell, pools.get(p), learning, sampler)
+            if g is not None:
+                scores[p] = g
+        if scores:
+            best = max(scores, key=lambda p: scores[p])
+            if available(default):
+                base = scores.get(default)
+                if base is not None and best != default and scores[best] > base * (1.0 + learning.switch_margin):
+                    return Decision(best, domain, "learned", scores)
+                return Decision(default, domain, "default", scores)
+            return Decision(best, domain, "learned", scores)
+
+    # 6. the default pool
+    if available(default):
+        return Decision(default, domain, "default")
+    return fallback()

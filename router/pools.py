@@ -1,0 +1,215 @@
+"""Worker pools: gRPC clients (grpc.aio), health checks, `Load` polling, least-loaded choice and a
+circuit breaker per endpoint.
+
+An endpoint can take requests when its last health check passed and its breaker is closed (or its
+cooldown has run out: half-open, the next failure re-opens it at once). A connection-level failure
+on a request marks the endpoint unhealthy immediately, so the following requests go elsewhere
+without waiting for the next health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from router.policy import PoolState
+from specroute.v1 import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger("specroute.gateway.pools")
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+
+class Endpoint:
+    def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float) -> None:
+        self.pool = pool
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = engine_pb2_grpc.EngineStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.healthy = False
+        self.info: engine_pb2.InfoResponse | None = None
+        self.load: engine_pb2.LoadResponse | None = None
+        self.inflight = 0
+        self.failures = 0
+        self.open_until = 0.0
+        self.breaker_failures = breaker_failures
+        self.breaker_cooldown_s = breaker_cooldown_s
+        self.last_error = ""
+        self.last_check = 0.0
+
+    # -- circuit breaker -------------------------------------------------------------------
+    def available(self, now: float) -> bool:
+        return self.healthy and now >= self.open_until
+
+    @property
+    def breaker_state(self) -> str:
+        if self.failures < self.breaker_failures:
+            return "closed"
+        return "open" if time.monotonic() < self.open_until else "half_open"
+
+    def record_success(self) -> None:
+        self.failures = 0
+        self.open_until = 0.0
+
+    def record_failure(self, error: str, *, connection: bool = False) -> None:
+        self.failures += 1
+        self.last_error = error
+        if connection:
+            self.healthy = False
+        if self.failures >= self.breaker_failures:
+            self.open_until = time.monotonic() + self.breaker_cooldown_s
+
+    # -- load --------------------------------------------------------------------------------
+    def score(self) -> float:
+        remote = (self.load.running + self.load.waiting) if self.load is not None else 0
+        cap = (self.load.max_running if self.load is not None else 0) or (
+            self.info.max_running if self.info is not None else 0
+        )
+        return max(self.inflight, remote) / max(cap, 1)
+
+    async def check(self, timeout: float) -> None:
+        """One health check: grpc.health.v1 Check, then Load (and Info until known)."""
+        try:
+            resp = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            if resp.status != health_pb2.HealthCheckResponse.SERVING:
+                raise RuntimeError(f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}")
+            if self.info is None:
+                self.info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout)
+            self.load = await self.stub.Load(engine_pb2.LoadRequest(), timeout=timeout)
+            if not self.healthy:
+                log.info("endpoint %s/%s is healthy", self.pool, self.address)
+            self.healthy = True
+        except (grpc.aio.AioRpcError, RuntimeError) as exc:
+            if self.healthy:
+                log.warning("endpoint %s/%s failed its health check: %s", self.pool, self.address, exc)
+            self.healthy = False
+            self.last_error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+        self.last_check = time.time()
+
+    def describe(self) -> dict[str, object]:
+        info = self.info
+        load = self.load
+        return {
+            "address": self.address,
+            "healthy": self.healthy,
+            "breaker": self.breaker_state,
+            "consecutive_failures": self.failures,
+            "inflight": self.inflight,
+            "last_error": self.last_error,
+            "last_check": self.last_check,
+            "info": None if info is None else {
+                "model_id": info.model_id, "engine": info.engine, "drafter": info.drafter,
+                "block_size": info.block_size, "max_context": info.max_context, "max_running": info.max_running,
+                "dcut": info.dcut, "version": info.version,
+            },
+            "load": None if load is None else {
+                "running": load.running, "waiting": load.waiting, "cache_usage": load.cache_usage,
+                "tokens_per_s": load.tokens_per_s, "mean_accepted_length": load.mean_accepted_length,
+                "max_running": load.max_running,
+            },
+        }
+
+
+class PoolManager:
+    def __init__(
+        self,
+        pools: Mapping[str, Iterable[str]],
+        *,
+        health_interval_s: float = 1.0,
+        health_timeout_s: float = 1.0,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pools: dict[str, list[Endpoint]] = {
+            name: [Endpoint(name, a, breaker_failures, breaker_cooldown_s) for a in addrs]
+            for name, addrs in pools.items()
+        }
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.rng = rng or random.Random()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.pools)
+
+    def endpoints(self) -> list[Endpoint]:
+        return [e for eps in self.pools.values() for e in eps]
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(e.check(self.health_timeout_s) for e in self.endpoints()))
+
+    async def start(self) -> None:
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop(), name="specroute-pool-health")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # pragma: no cover - never let the loop die
+                log.exception("health loop")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.gather(*(e.channel.close() for e in self.endpoints()), return_exceptions=True)
+
+    def states(self) -> dict[str, PoolState]:
+        now = time.monotonic()
+        out: dict[str, PoolState] = {}
+        for name, eps in self.pools.items():
+            avail = [e for e in eps if e.available(now)]
+            out[name] = PoolState(
+                healthy=bool(avail),
+                running=sum(e.load.running for e in avail if e.load is not None),
+                waiting=sum(e.load.waiting for e in avail if e.load is not None),
+                max_running=sum(e.load.max_running for e in avail if e.load is not None),
+                endpoints=len(avail),
+            )
+        return out
+
+    def pick(self, pool: str, exclude: set[Endpoint] | None = None) -> Endpoint | None:
+        """Least-loaded available endpoint of `pool` (random among ties)."""
+        now = time.monotonic()
+        best: list[Endpoint] = []
+        best_score = float("inf")
+        for e in self.pools.get(pool, ()):
+            if (exclude and e in exclude) or not e.available(now):
+                continue
+            s = e.score()
+            if s < best_score:
+                best, best_score = [e], s
+            elif s == best_score:
+                best.append(e)
+        if not best:
+            return None
+        return best[0] if len(best) == 1 else self.rng.choice(best)
+
+    def model_ids(self) -> list[str]:
+        ids = {e.info.model_id for e in self.endpoints() if e.info is not None and e.info.model_id}
+        return sorted(ids)
+
+    def max_context(self, pool: str) -> int:
+        vals = [e.info.max_context for e in self.pools.get(pool, ()) if e.info is not None and e.info.max_context]
+        return min(vals) if vals else 0

@@ -1,0 +1,133 @@
+"""Gateway settings: one object, from the environment (`SPECROUTE_*`) and CLI flags (router/cli.py).
+
+Static process configuration only; the live routing policy is a separate document in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def parse_pools(value: Any) -> dict[str, list[str]]:
+    """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            value = json.loads(text)
+        else:
+            out: dict[str, list[str]] = {}
+            for part in filter(None, (p.strip() for p in text.split(";"))):
+                name, sep, addrs = part.partition("=")
+                if not sep or not name.strip():
+                    raise ValueError(f"pool spec {part!r} must look like NAME=HOST:PORT[,HOST:PORT...]")
+                out.setdefault(name.strip(), []).extend(a.strip() for a in addrs.split(",") if a.strip())
+            value = out
+    if not isinstance(value, dict):
+        raise ValueError("pools must be a mapping of pool name to endpoint list")
+    pools: dict[str, list[str]] = {}
+    for name, addrs in value.items():
+        if isinstance(addrs, str):
+            addrs = [a.strip() for a in addrs.split(",") if a.strip()]
+        if not addrs:
+            raise ValueError(f"pool {name!r} has no endpoints")
+        for a in addrs:
+            host, _, port = str(a).rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"pool {name!r}: endpoint {a!r} must be HOST:PORT")
+        pools[str(name)] = [str(a) for a in addrs]
+    return pools
+
+
+def parse_keys(value: Any) -> dict[str, str]:
+    """API or admin tokens: `token`, `name:token`, comma separated (or a JSON mapping name -> token)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [str(v) for v in value]
+    else:
+        text = str(value).strip()
+        if text.startswith("{"):
+            return {str(k): str(v) for k, v in json.loads(text).items()}
+        items = [t for t in (x.strip() for x in text.split(",")) if t]
+    out: dict[str, str] = {}
+    for i, item in enumerate(items):
+        name, sep, token = item.partition(":")
+        if sep and name and token:
+            out[name] = token
+        else:
+            out[f"key{i}" if len(items) > 1 else "default"] = item
+    return out
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECROUTE_", extra="ignore", populate_by_name=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    pools: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict, description="pool name -> worker gRPC endpoints"
+    )
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("SPECROUTE_REDIS_URL", "REDIS_URL", "redis_url")
+    )
+    model_name: str | None = Field(default=None, description="served model id (default: the workers' model id)")
+    model_aliases: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["specroute"])
+
+    admin_tokens: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        validation_alias=AliasChoices("SPECROUTE_ADMIN_TOKEN", "SPECROUTE_ADMIN_TOKENS", "admin_tokens"),
+    )
+    insecure_admin: bool = False
+    api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_body_bytes: int = Field(default=1 << 20, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    health_interval_s: float = Field(default=1.0, gt=0)
+    health_timeout_s: float = Field(default=1.0, gt=0)
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_cooldown_s: float = Field(default=5.0, ge=0)
+    stats_interval_s: float = Field(default=1.0, gt=0)
+    redis_timeout_s: float = Field(default=0.5, gt=0)
+    gateway_feedback: bool = Field(
+        default=False, description="also write per-request feedback from the gateway (for workers that do not)"
+    )
+    seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
+    log_level: str = "info"
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _pools(cls, v: Any) -> dict[str, list[str]]:
+        return parse_pools(v)
+
+    @field_validator("admin_tokens", "api_keys", mode="before")
+    @classmethod
+    def _keys(cls, v: Any) -> dict[str, str]:
+        return parse_keys(v)
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, v: Any) -> list[str]:
+        if isinstance(v, str):
+            v = json.loads(v) if v.strip().startswith("[") else [x.strip() for x in v.split(",")]
+        return [str(x) for x in v if str(x)]
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.redis_url == "":
+            self.redis_url = None
+        return self
+
+    @property
+    def admin_enabled(self) -> bool:
+        return bool(self.admin_tokens) or self.insecure_admin

@@ -1,0 +1,49 @@
+"""`specroute bench acceptance` end to end on a tiny bundle: JSON rows with the documented fields,
+a PNG, the lossless check at temperature 0, and the low-acceptance flag (random drafters accept nothing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.acceptance import AcceptanceReport
+from specroute.cli import main as specroute
+from tests.tiny_bundle import make_tiny_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    torch.set_num_threads(1)
+    return make_tiny_bundle(tmp_path_factory.mktemp("bundle"), drafters=("mtp", "dfly"))
+
+
+def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
+    out = tmp_path / "results"
+    rc = specroute(["bench", "acceptance", "--model", str(bundle), "--out", str(out), "--prompts", "2",
+                    "--prompts-hot", "1", "--max-tokens", "8", "--threads", "1", "--blocks", "8"])
+    assert rc == 0
+    report = AcceptanceReport.model_validate(json.loads((out / "acceptance.json").read_text()))
+    assert (out / "acceptance.png").stat().st_size > 10_000
+    # dflash is absent from this bundle: skipped; mtp k=3 and dfly block 8 x 3 domains x 2 temperatures
+    assert len(report.rows) == 2 * 3 * 2
+    assert {(r.drafter, r.block) for r in report.rows} == {("mtp", 4), ("dfly", 8)}
+    for r in report.rows:
+        d = r.model_dump()
+        for f in ("drafter", "block", "domain", "temperature", "mean_accepted_length", "tokens_per_s",
+                  "ar_tokens_per_s", "speedup", "prompts", "lossless_checked", "lossless_mismatches"):
+            assert f in d
+        assert r.lossless_mismatches == 0
+        assert r.lossless_checked == (2 if r.temperature == 0 else 0)
+        assert r.prompts == (2 if r.temperature == 0 else 1)
+        assert 1.0 <= r.mean_accepted_length <= r.k + 1
+        assert r.low_acceptance == (r.mean_accepted_length < 1.3)
+        assert len(r.acceptance_per_position) <= r.k
+    assert "no dflash drafter" in capsys.readouterr().err
+
+
+def test_acceptance_benchmark_without_drafters_is_a_user_error(tmp_path, capsys):
+    bundle = make_tiny_bundle(tmp_path / "b", drafters=())
+    assert specroute(["bench", "acceptance", "--model", str(bundle), "--out", str(tmp_path / "o")]) == 2
+    assert "no drafters found" in capsys.readouterr().err

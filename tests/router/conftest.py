@@ -1,0 +1,85 @@
+"""Fixtures for the gateway tests: a real redis-server, fake engine workers on loopback gRPC, and
+the app driven in-process (httpx ASGITransport with the lifespan run explicitly)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from router.app import create_app
+from router.settings import Settings
+from tests.redis_server import RedisServer
+from tests.router.fake_engine import FakeConfig, FakeEngine
+
+ADMIN = {"authorization": "Bearer s3cret"}
+
+
+def keyword_classify(messages: list[dict[str, str]]) -> tuple[str, dict[str, float], float]:
+    """Deterministic stand-in for classifier.classify (injected through the app factory)."""
+    text = " ".join(m["content"] for m in messages).lower()
+    if "ambiguous" in text:
+        return "chat", {"chat": 0.4, "code": 0.35, "math": 0.25}, 0.95
+    if "def " in text or "python" in text or "code" in text:
+        return "code", {"chat": 0.05, "code": 0.9, "math": 0.05}, 0.1
+    if re.search(r"\d+\s*[-+*/^=]\s*\d+", text) or "solve" in text:
+        return "math", {"chat": 0.05, "code": 0.05, "math": 0.9}, 0.1
+    return "chat", {"chat": 0.9, "code": 0.05, "math": 0.05}, 0.1
+
+
+@pytest.fixture(scope="session")
+def redis_srv() -> Iterator[RedisServer]:
+    with RedisServer() as r:
+        yield r
+
+
+@pytest.fixture
+def redis_url(redis_srv: RedisServer) -> str:
+    redis_srv.start()
+    redis.Redis.from_url(redis_srv.url).flushall()
+    return redis_srv.url
+
+
+def settings_for(pools: dict[str, list[str]], redis_url: str | None, **kw: Any) -> Settings:
+    base: dict[str, Any] = dict(
+        pools=pools, redis_url=redis_url, admin_tokens="ops:s3cret", health_interval_s=0.1,
+        stats_interval_s=0.1, breaker_cooldown_s=1.0, seed=1234,
+    )
+    base.update(kw)
+    return Settings(**base)
+
+
+@asynccontextmanager
+async def running_app(settings: Settings, classify: Callable[..., Any] = keyword_classify) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, classify=classify)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=10) as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+
+
+@asynccontextmanager
+async def engines(*cfgs: FakeConfig) -> AsyncIterator[list[FakeEngine]]:
+    started = [await FakeEngine(c).start() for c in cfgs]
+    try:
+        yield started
+    finally:
+        for e in started:
+            await e.stop()
+
+
+def sse_events(text: str) -> list[Any]:
+    out: list[Any] = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line[6:]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out

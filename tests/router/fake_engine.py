@@ -1,0 +1,148 @@
+"""`FakeEngineServicer`: an explicitly named TEST DOUBLE of the engine worker (protos/specroute/v1).
+
+It runs on a real loopback grpc.aio server and emits a deterministic word sequence without any
+model, with knobs for latency, acceptance per domain (written to Redis like the real worker) and
+fault injection. Used by the gateway's unit and integration tests only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import redis.asyncio as aredis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from router.feedback import FeedbackRecord, make_recorder
+from specroute.v1 import engine_pb2, engine_pb2_grpc
+
+WORDS = ["Hello", " from", " the", " fake", " engine", ".", " One", " two", " three", " four"]
+
+
+def fake_text(n: int) -> list[str]:
+    return [WORDS[i % len(WORDS)] for i in range(n)]
+
+
+@dataclass
+class FakeConfig:
+    name: str = "fake"
+    model_id: str = "fake-model"
+    engine: str = "fake"
+    block_size: int = 4
+    max_context: int = 256
+    default_max_tokens: int = 8
+    token_delay_s: float = 0.0
+    acceptance: dict[str, float] = field(default_factory=dict)  # domain -> acceptance rate
+    default_acceptance: float = 0.6
+    step_ms: float = 10.0
+    fail: str = ""  # "" | "before_first" | "mid_stream" | "overloaded"
+    fail_after: int = 2  # chunks before a mid-stream failure
+    redis_url: str | None = None
+
+
+class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, cfg: FakeConfig) -> None:
+        self.cfg = cfg
+        self.requests: list[engine_pb2.GenerateRequest] = []
+        self.running = 0
+        self.cancelled = 0
+        self.completed = 0
+        self._redis = aredis.Redis.from_url(cfg.redis_url) if cfg.redis_url else None
+        self._record = make_recorder(self._redis) if self._redis is not None else None
+
+    async def Info(self, request: engine_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> engine_pb2.InfoResponse:
+        c = self.cfg
+        return engine_pb2.InfoResponse(
+            model_id=c.model_id, engine=c.engine, drafter=c.engine, block_size=c.block_size,
+            max_context=c.max_context, max_running=8, max_waiting=64, dcut=False, version="test",
+        )
+
+    async def Load(self, request: engine_pb2.LoadRequest, context: grpc.aio.ServicerContext) -> engine_pb2.LoadResponse:
+        return engine_pb2.LoadResponse(running=self.running, waiting=0, max_running=8)
+
+    async def Generate(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+        c = self.cfg
+        self.requests.append(request)
+        words = sum(len(m.content.split()) for m in request.messages) + len(request.prompt.split())
+        if "TOO_LONG" in request.prompt or any("TOO_LONG" in m.content for m in request.messages) \
+                or words > c.max_context:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"prompt is too long for the context of {c.max_context}")
+        if c.fail == "before_first":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker is down")
+        if c.fail == "overloaded":
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake worker queue is full")
+        n = request.max_tokens or c.default_max_tokens
+        alpha = c.acceptance.get(request.domain, c.default_acceptance)
+        self.running += 1
+        t0 = time.perf_counter()
+        try:
+            text = ""
+            emitted = 0
+            finish = "length"
+            for i, w in enumerate(fake_text(n)):
+                if c.token_delay_s:
+                    await asyncio.sleep(c.token_delay_s)
+                if c.fail == "mid_stream" and i >= c.fail_after:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker died mid-stream")
+                text += w
+                stop_hit = next((s for s in request.stop if s in text), None)
+                if stop_hit is not None:
+                    finish = "stop"
+                    break
+                emitted += 1
+                yield engine_pb2.GenerateChunk(text=w, num_tokens=1, prompt_tokens=words if i == 0 else 0)
+            steps = max(1, round(emitted / (1 + c.block_size * alpha)))
+            drafted = steps * c.block_size
+            accepted = round(drafted * alpha)
+            stats = engine_pb2.SpecStats(
+                drafted_tokens=drafted, accepted_tokens=accepted, steps=steps,
+                mean_accepted_length=1 + accepted / steps,
+            )
+            yield engine_pb2.GenerateChunk(
+                finish_reason=finish, prompt_tokens=words, completion_tokens=emitted, stats=stats
+            )
+            self.completed += 1
+            if self._record is not None:
+                await self._record(FeedbackRecord(
+                    pool=request.pool, domain=request.domain, tokens=emitted, drafted=drafted, accepted=accepted,
+                    steps=steps, wall_ms=steps * c.step_ms + 1.0, ttft_ms=1.0, request_id=request.request_id,
+                    engine=c.engine,
+                ))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+            _ = t0
+
+
+class FakeEngine:
+    """A loopback grpc.aio server hosting one `FakeEngineServicer` (+ grpc.health.v1)."""
+
+    def __init__(self, cfg: FakeConfig | None = None, port: int = 0) -> None:
+        self.cfg = cfg or FakeConfig()
+        self.servicer = FakeEngineServicer(self.cfg)
+        self.port = port
+        self.server: grpc.aio.Server | None = None
+        self.health = HealthServicer()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> FakeEngine:
+        self.server = grpc.aio.server()
+        engine_pb2_grpc.add_EngineServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        return self
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
