@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -165,16 +166,23 @@ def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks:
 
 def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
         prompts: dict[str, list[list[int]]], temperatures: list[float], max_tokens: int,
-        prompts_hot: int, seed: int, log=print) -> list[AcceptanceRow]:
+        prompts_hot: int, seed: int, log=print, domains: tuple[str, ...] = DOMAINS,
+        time_budget_s: float | None = None, sample_drafts: bool = False) -> list[AcceptanceRow]:
+    """Every (temperature, domain) cell; with a time budget, each cell gets an equal share and stops
+    taking new prompts when its share is spent (the rows report how many prompts were measured)."""
     max_len = target.config.max_position_embeddings
-    decoders = [SpecDecoder(target, d, 1, max_len) for _, d in configs]
+    decoders = [SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts) for _, d in configs]
     rows: list[AcceptanceRow] = []
+    share = time_budget_s / (len(temperatures) * len(domains)) if time_budget_s else None
     for temp in temperatures:
-        for domain in DOMAINS:
+        for domain in domains:
             ps = prompts[domain] if temp == 0 else prompts[domain][:prompts_hot]
             accs = [Acc() for _ in configs]
             t0 = time.perf_counter()
             for i, ids in enumerate(ps):
+                if share is not None and i and time.perf_counter() - t0 > share:
+                    log(f"  time budget: stopped after {i} of {len(ps)} prompts")
+                    break
                 params = SamplingParams(temperature=temp, seed=seed + i)
                 ar = ar_generate(target, tok, ids, params, max_tokens=max_tokens, max_len=max_len)
                 order = list(range(len(configs)))
@@ -212,7 +220,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                     f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
                     f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
                     f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}{flag}")
-            log(f"  ({len(ps)} prompts in {time.perf_counter() - t0:.0f}s)")
+            log(f"  ({accs[0].prompts} prompts in {time.perf_counter() - t0:.0f}s)")
     return rows
 
 
@@ -224,6 +232,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
 
     rows = report.rows
     temps = sorted({r.temperature for r in rows})
+    domains = [d for d in DOMAINS if any(r.domain == d for r in rows)]
     labels = list(dict.fromkeys(Config(r.drafter, r.block, r.k).label for r in rows))
     fig, axes = plt.subplots(3, len(temps), figsize=(6.5 * len(temps), 12), squeeze=False)
     colors = plt.get_cmap("tab10")
@@ -235,16 +244,22 @@ def plot(report: AcceptanceReport, path: Path) -> None:
             ("speedup", axes[1][c], 1.0, "decode speedup over AR (same run, batch 1)"),
         ):
             for j, lab in enumerate(labels):
-                vals = [next((getattr(r, metric) for r in sub if r.domain == d and
-                              Config(r.drafter, r.block, r.k).label == lab), 0.0) for d in DOMAINS]
-                xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(DOMAINS))]
+                found = [next((r for r in sub if r.domain == d and Config(r.drafter, r.block, r.k).label == lab),
+                              None) for d in domains]
+                vals = [getattr(r, metric) if r else 0.0 for r in found]
+                xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(domains))]
                 bars = ax.bar(xs, vals, width, label=lab, color=colors(j))
+                for bar, r in zip(bars, found, strict=True):   # flagged rows: hatched
+                    if r is not None and r.low_acceptance:
+                        bar.set_hatch("xx")
+                        bar.set_edgecolor("black")
                 ax.bar_label(bars, fmt="%.2f", fontsize=7)
             ax.axhline(ref, color="red", ls="--", lw=1,
                        label=f"flag < {LOW_ACCEPTANCE}" if metric == "mean_accepted_length" else "AR")
-            ax.set_xticks(range(len(DOMAINS)), DOMAINS)
+            ax.set_xticks(range(len(domains)), domains)
             ax.set_title(f"T={temp:g}: {title}", fontsize=10)
-            ax.legend(fontsize=7, ncols=2)
+            ax.set_ylim(0, max([getattr(r, metric) for r in sub] + [ref]) * 1.25)
+            ax.legend(fontsize=7, ncols=3, loc="upper left")
         ax = axes[2][c]
         for j, lab in enumerate(labels):
             rs = [r for r in sub if Config(r.drafter, r.block, r.k).label == lab]
@@ -259,8 +274,9 @@ def plot(report: AcceptanceReport, path: Path) -> None:
         ax.set_title(f"T={temp:g}: acceptance rate per draft position (mean over domains)", fontsize=10)
         ax.legend(fontsize=7)
     meta = report.meta
-    fig.suptitle(f"Speculative decoding acceptance on held-out prompts ({meta.get('model', '')}, "
-                 f"{meta.get('max_tokens')} tokens, {meta.get('threads')} CPU threads)", fontsize=12)
+    fig.suptitle(f"Speculative decoding on held-out prompts ({meta.get('model', '')}, batch 1, "
+                 f"{meta.get('max_tokens')} tokens, {meta.get('threads')} CPU threads; hatched = flagged, "
+                 f"mean accepted length < {LOW_ACCEPTANCE})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -281,7 +297,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--domains", default=",".join(DOMAINS))
+    ap.add_argument("--sample-drafts", action="store_true",
+                    help="at temperature > 0, drafters sample drafts from q (default: greedy drafts)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds for the whole run; each (temperature, domain) cell gets an equal share")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="combine acceptance.json files of partial runs (e.g. one per domain) into --out")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.merge:
+        return write_report(merge_reports([Path(p) for p in args.merge]), out)
     torch.set_num_threads(args.threads)
     model_dir = Path(args.model)
     try:
@@ -290,6 +316,9 @@ def main(argv: list[str]) -> int:
         temps = [float(t) for t in args.temperatures.split(",") if t]
     except ValueError as exc:
         raise UserError(f"bad list option: {exc}") from None
+    domains = tuple(d for d in args.domains.split(",") if d)
+    if unknown := [d for d in domains if d not in DOMAINS]:
+        raise UserError(f"unknown domain(s) {', '.join(unknown)} (have {', '.join(DOMAINS)})")
     if args.prompts < 1 or args.max_tokens < 1:
         raise UserError("--prompts and --max-tokens must be >= 1")
     target = load_model(model_dir)
@@ -299,13 +328,14 @@ def main(argv: list[str]) -> int:
     hot = args.prompts_hot if args.prompts_hot is not None else args.prompts
     t0 = time.perf_counter()
     rows = run(target, tok, configs, prompts, temps, args.max_tokens, hot, args.seed,
-               log=lambda s: print(s, file=sys.stderr, flush=True))
+               log=lambda s: print(s, file=sys.stderr, flush=True), domains=domains,
+               time_budget_s=args.time_budget, sample_drafts=args.sample_drafts)
     report = AcceptanceReport(meta={
         "model": str(model_dir), "max_tokens": args.max_tokens, "threads": args.threads,
-        "prompts_per_domain": {str(t): min(len(prompts[d]) if t == 0 else min(hot, len(prompts[d]))
-                                           for d in DOMAINS) for t in temps},
         "prompt_split": "held-out (engines.training.data.is_heldout), chat template",
         "batch_size": 1, "torch": torch.__version__, "seed": args.seed,
+        "drafting_at_t_gt_0": "sampled from q" if args.sample_drafts else "greedy (q one-hot)",
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
         "mean_accepted_length": "(steps + accepted drafts) / steps, bonus token included (vLLM convention)",
         "tokens_per_s": "median over prompts of decode tokens/s after the first token; AR measured in the "
                         "same run, interleaved per prompt",
@@ -315,7 +345,39 @@ def main(argv: list[str]) -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }, rows=rows)
-    out = Path(args.out)
+    return write_report(report, out)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def merge_reports(paths: list[Path]) -> AcceptanceReport:
+    reports = []
+    for p in paths:
+        try:
+            reports.append(AcceptanceReport.model_validate_json(p.read_text()))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{p}: not an acceptance report ({str(exc).splitlines()[0]})") from None
+    if not reports:
+        raise UserError("--merge needs at least one file")
+    order = {d: i for i, d in enumerate(DOMAINS)}
+    rows = sorted((r for rep in reports for r in rep.rows),
+                  key=lambda r: (r.temperature, order.get(r.domain, 9), r.drafter, r.block))
+    meta = dict(reports[0].meta)
+    meta["merged_from"] = [str(p) for p in paths]
+    meta["wall_s"] = max(float(rep.meta.get("wall_s", 0)) for rep in reports)
+    return AcceptanceReport(meta=meta, rows=rows)
+
+
+def write_report(report: AcceptanceReport, out: Path) -> int:
+    rows = report.rows
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "acceptance.json.tmp"
     tmp.write_text(json.dumps(report.model_dump(), indent=2) + "\n")

@@ -5,7 +5,7 @@ concurrency c in {1, 4, 8, 16, 32}, c closed-loop clients send requests from a f
 of held-out prompts (chat / code / math round-robin, chat-templated) through an in-process `Batcher`
 (no gRPC) at temperature 0. Recorded per row: output tokens/s (all tokens / wall time), TTFT and
 inter-token latency percentiles (ITL: each stream event's gap split evenly over its tokens), mean
-accepted length ((steps + accepted drafts) / steps over all requests) and kept ratio (mean over
+accepted length (vLLM's convention: 1 + accepted drafts / rows verified with drafts) and kept ratio (mean over
 decode steps of the fraction of drafted positions D-Cut sent to verification; 1.0 without D-Cut). When `ar` is part of the run, every output is checked against AR's
 output for the same prompt (`engines.spec.check_lossless`; `lossless_failures` counts the rest).
 
@@ -50,6 +50,7 @@ class EngineRow(BaseModel):
     itl_p99_ms: float
     mean_accepted_length: float
     kept_ratio: float
+    drafted_step_fraction: float = 1.0   # decode steps that ran the drafter (D-Cut may skip it)
     lossless_failures: int | None = None
 
 
@@ -164,13 +165,11 @@ def run_closed_loop(batcher, prompts, concurrency: int, num_requests: int, max_t
     return reqs, time.perf_counter() - t0
 
 
-def summarize(kind: str, dcut: bool, c: int, reqs: list[_Req], wall: float, kept: float) -> EngineRow:
+def summarize(kind: str, dcut: bool, c: int, reqs: list[_Req], wall: float, kept: float, mal: float,
+              drafted_frac: float) -> EngineRow:
     toks = sum(len(r.tokens) for r in reqs)
     ttft = [1000.0 * (r.first - r.submitted) for r in reqs if r.first]
     itl = [1000.0 * x for r in reqs for x in r.itl]
-    steps = sum(getattr(r.stats, "steps", 0) for r in reqs)
-    acc = sum(getattr(r.stats, "accepted", 0) for r in reqs)
-    mal = (steps + acc) / steps if steps else 0.0
 
     def pct(xs: list[float], q: float) -> float:
         return float(np.percentile(xs, q)) if xs else 0.0
@@ -179,7 +178,8 @@ def summarize(kind: str, dcut: bool, c: int, reqs: list[_Req], wall: float, kept
                      wall_s=round(wall, 3), output_tokens_per_s=round(toks / wall, 2) if wall else 0.0,
                      ttft_p50_ms=round(pct(ttft, 50), 2), ttft_p99_ms=round(pct(ttft, 99), 2),
                      itl_p50_ms=round(pct(itl, 50), 3), itl_p99_ms=round(pct(itl, 99), 3),
-                     mean_accepted_length=round(mal, 3), kept_ratio=round(min(kept, 1.0), 3))
+                     mean_accepted_length=round(mal, 3), kept_ratio=round(min(kept, 1.0), 3),
+                     drafted_step_fraction=round(drafted_frac, 3))
 
 
 def plot(report: EngineReport, path: Path) -> None:
@@ -281,11 +281,13 @@ def main(argv: list[str]) -> int:
             run_closed_loop(batcher, prompts, 1, 1, 8)   # warm-up
             for c in concurrencies:
                 n = args.requests or max(2 * c, 8)
-                s0, f0 = batcher.draft_steps, batcher.kept_fraction_sum
+                before = counters(batcher)
                 reqs, wall = run_closed_loop(batcher, prompts, c, n, args.max_tokens)
-                ds = batcher.draft_steps - s0
-                kept = (batcher.kept_fraction_sum - f0) / ds if ds else 1.0
-                row = summarize(kind, dcut, c, reqs, wall, kept)
+                d = {key: v - before[key] for key, v in counters(batcher).items()}
+                kept = d["kept_fraction_sum"] / d["draft_steps"] if d["draft_steps"] else 1.0
+                mal = 1.0 + d["accepted_total"] / d["rows_drafted"] if d["rows_drafted"] else 1.0
+                frac = d["draft_steps"] / d["decode_steps"] if d["decode_steps"] and kind != "ar" else 0.0
+                row = summarize(kind, dcut, c, reqs, wall, kept, mal, frac)
                 if kind == "ar":   # reference: AR's output per prompt (first run that served it)
                     for r in reqs:
                         reference.setdefault(r.prompt_id, r.tokens)
@@ -307,6 +309,11 @@ def main(argv: list[str]) -> int:
     plot(report, out / "engine.png")
     print(f"bench engine: wrote {out / 'engine.json'} and {out / 'engine.png'}")
     return 0
+
+
+def counters(batcher) -> dict[str, float]:
+    return {name: float(getattr(batcher, name)) for name in
+            ("draft_steps", "kept_fraction_sum", "rows_drafted", "accepted_total", "decode_steps")}
 
 
 def count_lossless_failures(target, reqs: list[_Req], reference: dict[str, list[int]]) -> int:

@@ -110,7 +110,9 @@ def _first_user_turn(text: str) -> str | None:
     return turn or None
 
 
-def corpus_chat(corpus_dir: Path, per_file: dict[str, int], seed: int = 0) -> tuple[list[Example], list[Path]]:
+def corpus_chat(
+    corpus_dir: Path, per_file: dict[str, int], seed: int = 0
+) -> tuple[list[Example], list[Path]]:
     """First user turns of corpus conversations (Dolly open QA, SGD dialogues), labelled chat."""
     out: list[Example] = []
     used: list[Path] = []
@@ -128,7 +130,10 @@ def corpus_chat(corpus_dir: Path, per_file: dict[str, int], seed: int = 0) -> tu
         rng = random.Random(f"classifier-extra:{name}:{seed}")
         rng.shuffle(turns)
         stem = Path(name).stem
-        out += [Example(t, "chat", f"extra:{stem}", "extra", f"extra:{stem}/{i}", False) for i, t in enumerate(turns[:n])]
+        out += [
+            Example(t, "chat", f"extra:{stem}", "extra", f"extra:{stem}/{i}", False)
+            for i, t in enumerate(turns[:n])
+        ]
     return out, used
 
 
@@ -151,7 +156,10 @@ def stdlib_code(n: int, seed: int = 0) -> list[Example]:
                     snippets.append(text)
     rng = random.Random(f"classifier-extra:stdlib:{seed}")
     rng.shuffle(snippets)
-    return [Example(s, "code", "extra:stdlib", "extra", f"extra:stdlib/{i}", False) for i, s in enumerate(snippets[:n])]
+    return [
+        Example(s, "code", "extra:stdlib", "extra", f"extra:stdlib/{i}", False)
+        for i, s in enumerate(snippets[:n])
+    ]
 
 
 def code_references(path: Path, sources: tuple[str, ...] = ("mbpp", "humaneval")) -> list[Example]:

@@ -78,19 +78,21 @@ def featurise(examples: Sequence[Example]) -> Matrix:
 
 
 def sample_weights(examples: Sequence[Example], idx: np.ndarray, power: float) -> np.ndarray:
-    """Domain-balanced, source-dampened weights for the examples at `idx` (mean 1)."""
-    sources = [examples[i].source for i in idx]
-    labels = [examples[i].label for i in idx]
-    n_src = Counter(sources)
-    src_label = {s: lab for s, lab in zip(sources, labels, strict=True)}
-    src_mass = {s: n**power for s, n in n_src.items()}
+    """Domain-balanced, source-dampened weights for the examples at `idx` (mean 1).
+
+    Every domain gets the same total weight; inside a domain, the (source, domain) cell of n items
+    gets weight proportional to n ** power, shared equally by its items.
+    """
+    cells = [(examples[i].source, examples[i].label) for i in idx]
+    n_cell = Counter(cells)
     dom_mass: Counter[str] = Counter()
-    for s, mass in src_mass.items():
-        dom_mass[src_label[s]] += mass
+    for (_, label), n in n_cell.items():
+        dom_mass[label] += n**power
     n_domains = len(dom_mass)
     w = np.empty(len(idx), dtype=np.float64)
-    for k, (s, lab) in enumerate(zip(sources, labels, strict=True)):
-        w[k] = (src_mass[s] / dom_mass[lab]) / n_src[s] / n_domains
+    for k, cell in enumerate(cells):
+        n = n_cell[cell]
+        w[k] = (n**power / dom_mass[cell[1]]) / n / n_domains
     return w * (len(idx) / w.sum())
 
 
@@ -128,6 +130,9 @@ class Fitted:
 def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfig) -> Fitted:
     """Fit on the examples at `idx` (nothing outside `idx` is looked at)."""
     idx = np.asarray(idx)
+    missing = set(range(len(LABELS))) - set(np.unique(m.y[idx]).tolist())
+    if missing:
+        raise ValueError(f"training data has no {', '.join(LABELS[i] for i in sorted(missing))} examples")
     w = sample_weights(examples, idx, cfg.source_power)
     units = np.array([_unit(examples[i]) for i in idx])
     onehot = np.eye(3)[m.y[idx]] * w[:, None]
@@ -140,7 +145,8 @@ def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfi
     for u, cu in per_unit.items():
         rows = np.flatnonzero(units == u)
         nb_oof[rows] = nb_scores(m, idx[rows], nb_table(total - cu, cfg.nb_alpha) * cfg.nb_scale)
-    nb_full = nb_table(total, cfg.nb_alpha) * cfg.nb_scale
+    # the artifact stores the table as float32: use exactly those values here too
+    nb_full = (nb_table(total, cfg.nb_alpha) * cfg.nb_scale).astype(np.float32).astype(np.float64)
 
     dense = m.dense[idx]
     mu = dense.mean(axis=0)
@@ -288,3 +294,29 @@ def random_split(
     train_idx = np.setdiff1d(np.arange(len(ex)), test_idx)
     fitted = fit(ex, data.matrix, train_idx, cfg)
     return test_idx, fitted.logits(data.matrix, test_idx)
+
+
+def save_artifact(path: str, fitted: Fitted, temperature: float, meta: dict) -> None:
+    """Write the artifact: plain float32/float64 arrays + JSON metadata (no pickled objects)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from classifier.model import feature_config
+
+    meta = {**meta, "features": feature_config(), "labels": list(LABELS)}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez_compressed(
+        tmp,
+        w_dense=fitted.w_dense.astype(np.float64),
+        w_nb=fitted.w_nb.astype(np.float64),
+        nb=fitted.nb.astype(np.float32),
+        bias=fitted.bias.astype(np.float64),
+        mu=fitted.mu.astype(np.float64),
+        sd=fitted.sd.astype(np.float64),
+        temperature=np.array(temperature, dtype=np.float64),
+        meta_json=np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8),
+    )
+    os.replace(tmp, out)

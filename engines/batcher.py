@@ -181,6 +181,9 @@ class Batcher:
         self.draft_steps = 0              # decode steps that verified drafts
         self.kept_fraction_sum = 0.0      # sum over those of D-Cut's kept fraction (1.0 when off)
         self.verify_groups = 0            # extra verify forwards D-Cut's depth grouping added
+        self.rows_drafted = 0             # rows verified with >= 1 draft (vLLM's num_drafts)
+        self.decode_steps = 0
+        self.accepted_total = 0           # drafts accepted (vLLM's num_accepted_tokens)
 
     # --- public API (any thread) ------------------------------------------------------------------
     def start(self) -> Batcher:
@@ -350,7 +353,12 @@ class Batcher:
         rows = self._running
         slots = [a.slot for a in rows]
         remaining = [a.stop.max_tokens - a.emitted for a in rows]
+        self.decode_steps += 1
         k = max(0, min(self.k, max(remaining) - 1))
+        dcut = self.dcut if self.dcut is not None and self.dcut.enabled else None
+        forced = [a.req.disable_dcut for a in rows]
+        if k > 0 and dcut is not None and not any(forced) and not dcut.should_draft(len(rows)):
+            k = 0   # D-Cut predicts plain steps are faster right now
         t0 = time.perf_counter()
         proposal = self.decoder.draft(slots, k) if k > 0 else None
         keep: list[int]
@@ -360,9 +368,9 @@ class Batcher:
         else:
             K = int(proposal.tokens.shape[1])
             keep = [K] * len(rows)
-            if self.dcut is not None and self.dcut.enabled:
+            if dcut is not None:
                 conf = proposal.conf.detach().float().cpu().numpy()
-                sel, raw = self.dcut.select(conf, [a.req.disable_dcut for a in rows])
+                sel, raw = dcut.select(conf, forced)
                 keep = list(sel.keep)
         keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
         t1 = time.perf_counter()
@@ -376,15 +384,20 @@ class Batcher:
                 for i, o in zip(g, res, strict=True):
                     out[i] = o
             self.verify_groups += len(groups) - 1
+        t2 = time.perf_counter()
         accepted = [len(o) - 1 for o in out]
         kept_fraction = None
         if proposal is not None and proposal.tokens.shape[1]:
             kept_fraction = sum(keep) / (len(rows) * int(proposal.tokens.shape[1]))
-        if proposal is not None and proposal.tokens.shape[1]:
             self.draft_steps += 1
             self.kept_fraction_sum += sel.kept_fraction if sel is not None else 1.0
-        if sel is not None and raw is not None and self.dcut is not None:
-            self.dcut.observe(raw, keep, accepted, kept_fraction or 0.0, overhead_ms=(t1 - t0) * 1000.0)
+            self.rows_drafted += sum(1 for kp in keep if kp > 0)
+            self.accepted_total += sum(accepted)
+        if dcut is not None:
+            dcut.record_step(len(rows), proposal is not None, sum(len(o) for o in out), (t2 - t0) * 1000.0)
+        if sel is not None and raw is not None and dcut is not None:
+            dcut.observe(raw, keep, accepted, kept_fraction or 0.0, overhead_ms=(t1 - t0) * 1000.0,
+                         verify_ms=(t2 - t1) * 1000.0, sel=sel)
         self.observer.on_step(keep, accepted, kept_fraction)
         step_tokens = sum(len(o) for o in out)
         self._mal_ema = step_tokens / len(rows) if self._mal_ema == 0.0 else (
@@ -514,6 +527,7 @@ def make_batcher(engine: Engine, config: BatcherConfig, dcut: bool = False, thre
         from engines.dcut import load_or_profile
 
         table = load_or_profile(engine.target, engine.model_dir, k, threads, cache_dir=profile_dir,
+                                context=min(256, max(8, config.max_len // 2)),
                                 capture=tuple(engine.drafter.capture_layers),
                                 batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max(
                                     config.max_running, 1)) or (1,))

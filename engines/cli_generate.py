@@ -19,7 +19,7 @@ import torch
 from engines.drafters.base import Drafter
 from engines.model import Transformer, load_model
 from engines.sampling import SamplingParams
-from engines.spec import spec_generate
+from engines.spec import SpecDecoder, spec_generate
 from engines.tokenizer import Tokenizer
 from specroute.errors import UserError
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as raw text, without the chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--sample-drafts", action="store_true",
+                   help="at temperature > 0, sample drafts from the drafter's distribution (else greedy drafts)")
     return p
 
 
@@ -98,8 +100,10 @@ def main(argv: list[str]) -> int:
     ids = eng.tokenizer.encode(args.prompt) if args.raw else \
         eng.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     t0 = time.perf_counter()
+    max_len = eng.target.config.max_position_embeddings
+    dec = SpecDecoder(eng.target, eng.drafter, 1, max_len, sample_drafts=args.sample_drafts)
     res = spec_generate(eng.target, eng.drafter, eng.tokenizer, ids, params, max_tokens=args.max_tokens,
-                        stop=tuple(args.stop), k=eng.k)
+                        stop=tuple(args.stop), k=eng.k, decoder=dec)
     wall = time.perf_counter() - t0
     print(res.text)
     tps = res.completion_tokens / wall if wall > 0 else 0.0

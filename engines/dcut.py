@@ -381,9 +381,31 @@ def load_or_profile(target, model_dir: str | Path | None, draft_len: int, thread
 # the batcher's stateful wrapper
 
 
+def drafting_pays(expected: float, verify_ms: float, draft_ms: float, bs: int, ar_ms: float,
+                  margin: float = 0.05) -> bool:
+    """Is a speculative step (expected tokens over verify + draft time) at least as fast as a plain
+    decoding step (bs tokens over the cost of verifying y0 only), within `margin`?"""
+    if bs <= 0:
+        return True
+    return expected / max(verify_ms + draft_ms, 1e-9) * (1.0 + margin) >= bs / max(ar_ms, 1e-9)
+
+
+MAX_SKIP = 32
+
+
+def bs_bucket(bs: int) -> int:
+    """Power-of-two bucket of a batch size (measured step rates are kept per bucket)."""
+    return 1 << max(0, int(bs) - 1).bit_length()
+
+
 @dataclass
 class DcutController:
-    """Owned by the batcher's loop thread; `enabled` may be flipped from any thread (live switch)."""
+    """Owned by the batcher's loop thread; `enabled` may be flipped from any thread (live switch).
+
+    Besides choosing keep per step it decides whether drafting pays at all: when even the best
+    selection is predicted slower than a plain decoding step (draft time included), the next steps
+    skip the drafter (plain steps; the drafter catches up on the committed context at the next draft),
+    probing again after 1, 2, 4, ... up to MAX_SKIP steps."""
 
     table: CostTable
     k: int
@@ -391,7 +413,14 @@ class DcutController:
     ratios: tuple[float, ...] = RATIOS
     calibration: Calibration = field(init=False)
     overhead_ms: float = 0.0          # EMA of the non-verify part of a step (draft, bookkeeping)
+    cost_scale: float = 1.0           # EMA of measured / predicted verify time
     kept_fraction_ema: float = 1.0
+    skip_drafting: bool = True        # allow plain steps when drafting does not pay
+    skip_left: int = 0
+    backoff: int = 1
+    skipped_steps: int = 0
+    since_plain: int = 0
+    rates: dict = field(default_factory=dict)   # bs bucket -> {"spec": tok/ms EMA, "plain": tok/ms EMA}
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -400,17 +429,65 @@ class DcutController:
     def set_enabled(self, on: bool) -> None:
         with self._lock:
             self.enabled = bool(on)
+            self.skip_left, self.backoff = 0, 1
+
+    def should_draft(self, bs: int = 0) -> bool:
+        """False for a plain step: inside a skip window, or as an occasional probe that measures plain
+        steps at this batch size (after 16 drafted steps without a measurement, then every 64)."""
+        if not self.enabled:
+            return True
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            self.skipped_steps += 1
+            return False
+        if not self.skip_drafting:
+            return True
+        self.since_plain += 1
+        known = "plain" in self.rates.get(bs_bucket(bs), {}) if bs else True
+        if (not known and self.since_plain >= 16) or self.since_plain >= 64:
+            self.since_plain = 0
+            self.skipped_steps += 1
+            return False
+        return True
+
+    def record_step(self, bs: int, drafted: bool, tokens: int, step_ms: float) -> None:
+        """Measured throughput of a whole decode step (draft + select + verify), per batch-size bucket."""
+        if step_ms <= 0 or bs <= 0:
+            return
+        r = self.rates.setdefault(bs_bucket(bs), {})
+        key = "spec" if drafted else "plain"
+        rate = tokens / step_ms
+        r[key] = rate if key not in r else 0.8 * r[key] + 0.2 * rate
+        if not drafted:
+            self.since_plain = 0
 
     def select(self, conf: np.ndarray, forced: Sequence[bool]) -> tuple[Selection, np.ndarray]:
         """-> (selection, raw prefix products for `observe`)."""
         raw = prefix_scores(conf)
         scores = prefix_scores(conf, self.calibration.factors())
-        sel = select_keep(scores, self.table, forced, self.ratios, self.overhead_ms)
+        sel = select_keep(scores, self.table, forced, self.ratios, self.overhead_ms / self.cost_scale)
         return sel, raw
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
-                overhead_ms: float | None = None) -> None:
+                overhead_ms: float | None = None, verify_ms: float | None = None,
+                sel: Selection | None = None) -> None:
         self.calibration = calibrate(self.calibration, raw, keep, accepted)
         self.kept_fraction_ema = 0.95 * self.kept_fraction_ema + 0.05 * kept_fraction
         if overhead_ms is not None:
             self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
+        if verify_ms is not None and sel is not None and sel.cost_ms > 0:
+            ratio = min(max(verify_ms / sel.cost_ms, 0.1), 10.0)
+            self.cost_scale = 0.9 * self.cost_scale + 0.1 * ratio
+        if sel is not None and self.skip_drafting:
+            bs = len(keep)
+            measured = self.rates.get(bs_bucket(bs), {})
+            if "spec" in measured and "plain" in measured:   # both measured at this batch size: trust them
+                pays = measured["spec"] * 1.02 >= measured["plain"]
+            else:                                            # else the cost model's prediction
+                ar_ms = self.table.cost(bs, 0.0) * self.cost_scale
+                pays = drafting_pays(sel.expected_tokens, sel.cost_ms * self.cost_scale, self.overhead_ms, bs, ar_ms)
+            if pays:
+                self.backoff = 1
+            else:
+                self.skip_left = self.backoff
+                self.backoff = min(2 * self.backoff, MAX_SKIP)

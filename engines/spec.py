@@ -96,7 +96,10 @@ class SpecDecoder:
     """Target KV cache + per-slot state for batched speculative (or plain) decoding."""
 
     def __init__(self, target: Transformer, drafter: Drafter | None, num_slots: int, max_len: int,
-                 prefill_chunk: int = 256) -> None:
+                 prefill_chunk: int = 256, sample_drafts: bool = False) -> None:
+        """sample_drafts: when every row of a `draft` call samples (T > 0) with the same temperature and
+        top-p, the drafter samples its drafts from its own distribution q (kept for the ratio test) instead
+        of drafting greedily: both are lossless, sampling accepts more when the target's entropy is high."""
         if drafter is not None and drafter.target is not target:
             raise UserError("drafter was built for a different target model")
         self.target = target
@@ -112,6 +115,8 @@ class SpecDecoder:
         self.slots: dict[int, SlotState] = {}
         self.timing = Timing()
         self._feat_dim = 0
+        self.sample_drafts = sample_drafts
+        self._draft_gen = torch.Generator().manual_seed(0)   # batched sampled drafting
 
     # --- request lifecycle -------------------------------------------------------------------
     def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -153,6 +158,32 @@ class SpecDecoder:
         while (y0 := self.prefill_step(slot, self.prefill_chunk)) is None:
             pass
         return y0
+
+    @torch.no_grad()
+    def prefill_batch(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                      params: Sequence[SamplingParams]) -> list[int]:
+        """Start and prefill several short prompts in ONE right-padded forward (pads continue past
+        each row's end, where nothing is read before it is rewritten). Returns each row's y0."""
+        for s, p, sp in zip(slots, prompts, params, strict=True):
+            self.start(s, p, sp)
+        T = max(len(p) for p in prompts)
+        tokens = torch.zeros(len(slots), T, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            tokens[b, :len(p)] = torch.tensor(list(p))
+        positions = torch.arange(T).expand(len(slots), T)
+        out = self.target(tokens, positions, self.cache, torch.tensor(list(slots)), self.capture)
+        feats = self.drafter.features(out) if self.drafter is not None else None
+        firsts = []
+        for b, (s, p) in enumerate(zip(slots, prompts, strict=True)):
+            st, n = self.slots[s], len(p)
+            self.cache.lengths[s] = n
+            st.prefilled = n
+            st.y0 = self._first_token(self.target.logits(out.hidden[b, n - 1]), st)
+            if feats is not None:
+                self._feat_dim = feats.shape[-1]
+                st.pending.append(feats[b, :n], 0, list(p[1:]) + [st.y0])
+            firsts.append(st.y0)
+        return firsts
 
     def release(self, slot: int) -> None:
         self.slots.pop(slot, None)
@@ -200,7 +231,13 @@ class SpecDecoder:
             last_token=torch.tensor([st.y0 for st in states], dtype=torch.long),
             start=torch.tensor([self.length(s) for s in slots], dtype=torch.long),
         )
-        proposal = self.drafter.propose(ctx, k)
+        temperature, top_p, gen = 0.0, 1.0, None
+        modes = {(st.params.temperature, st.params.top_p) for st in states}
+        if self.sample_drafts and len(modes) == 1 and not states[0].params.greedy:
+            temperature, top_p = modes.pop()
+            gen = states[0].generator if len(states) == 1 else self._draft_gen
+        setattr(self.drafter, "sample_drafts", temperature > 0.0)   # noqa: B010 (drafters' flag)
+        proposal = self.drafter.propose(ctx, k, temperature, top_p, gen)
         self.timing.draft_s += time.perf_counter() - t0
         self.timing.draft_calls += 1
         return proposal

@@ -71,9 +71,14 @@ class Upstream:
             self.call.cancel()
 
 
-def _load_classifier() -> ClassifyFn:
-    from classifier import classify  # lazy: the gateway may start before the artifact is trained
+PROBE = [{"role": "user", "content": "Write a Python function that returns the sum of a list."}]
 
+
+def _load_classifier() -> ClassifyFn:
+    """Import `classifier.classify` lazily and probe it once (loads the artifact, surfaces errors now)."""
+    from classifier import classify  # the gateway may start before the artifact is trained
+
+    classify(PROBE)
     return classify  # type: ignore[no-any-return]
 
 
@@ -106,15 +111,12 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._feedback: asyncio.Queue[FeedbackRecord] | None = None
         self.started_at = time.time()
+        self._classify_warned = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         if self.classify_fn is None:
-            try:
-                self.classify_fn = await asyncio.to_thread(_load_classifier)
-            except Exception as exc:  # classifier missing or broken: not ready, route to the safe pool
-                self.classifier_error = f"{type(exc).__name__}: {exc}"
-                log.error("classifier unavailable: %s", self.classifier_error)
+            await self._load_classifier()
         await self.pools.start()
         if self.store is not None:
             try:
@@ -128,6 +130,26 @@ class Gateway:
                 self._feedback = asyncio.Queue(maxsize=10_000)
                 self._tasks.append(asyncio.create_task(self._feedback_loop(), name="specroute-feedback"))
         self.metrics.policy_version.set(self.snapshot.policy.version)
+
+    async def _load_classifier(self) -> None:
+        try:
+            self.classify_fn = await asyncio.to_thread(_load_classifier)
+            self.classifier_error = None
+        except Exception as exc:  # classifier missing or broken: not ready, route to the safe pool
+            err = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if err != self.classifier_error:
+                log.error("classifier unavailable (requests go to the safe pool): %s", err)
+            self.classifier_error = err
+            if not any(t.get_name() == "specroute-classifier-retry" for t in self._tasks):
+                self._tasks.append(asyncio.create_task(self._classifier_retry(), name="specroute-classifier-retry"))
+
+    async def _classifier_retry(self) -> None:
+        while self.classify_fn is None:
+            await asyncio.sleep(30.0)
+            with contextlib.suppress(Exception):
+                self.classify_fn = await asyncio.to_thread(_load_classifier)
+                self.classifier_error = None
+                log.info("classifier loaded")
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -199,6 +221,8 @@ class Gateway:
             ps = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await ps.subscribe(EVENTS_CHANNEL)
+                # close the gap between subscribing and the last pull: anything written before now
+                self._apply_policy(await self.store.get())
                 while True:
                     msg = await ps.get_message(timeout=5.0)
                     if msg and msg.get("type") == "message":
@@ -264,7 +288,10 @@ class Gateway:
         try:
             label, probs, unc = fn(messages)
         except Exception as exc:  # a classifier bug must not fail the request
-            log.warning("classifier failed: %s", exc)
+            now = time.monotonic()
+            if now - self._classify_warned > 60.0:
+                self._classify_warned = now
+                log.warning("classifier failed (request sent to the safe pool): %s", str(exc)[:300])
             return UNKNOWN_DOMAIN, {}, 1.0
         finally:
             self.metrics.classify_seconds.observe(time.perf_counter() - t)

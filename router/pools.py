@@ -39,9 +39,10 @@ class Endpoint:
     def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float) -> None:
         self.pool = pool
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self.stub = engine_pb2_grpc.EngineStub(self.channel)
-        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        # channels bind to the running event loop: created in `connect()` (from PoolManager.start)
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: engine_pb2_grpc.EngineStub = None  # type: ignore[assignment]
+        self.health_stub: health_pb2_grpc.HealthStub = None  # type: ignore[assignment]
         self.healthy = False
         self.info: engine_pb2.InfoResponse | None = None
         self.load: engine_pb2.LoadResponse | None = None
@@ -52,6 +53,17 @@ class Endpoint:
         self.breaker_cooldown_s = breaker_cooldown_s
         self.last_error = ""
         self.last_check = 0.0
+
+    def connect(self) -> None:
+        if self.channel is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self.stub = engine_pb2_grpc.EngineStub(self.channel)
+            self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+            self.channel = None
 
     # -- circuit breaker -------------------------------------------------------------------
     def available(self, now: float) -> bool:
@@ -157,6 +169,8 @@ class PoolManager:
         await asyncio.gather(*(e.check(self.health_timeout_s) for e in self.endpoints()))
 
     async def start(self) -> None:
+        for e in self.endpoints():
+            e.connect()
         await self.check_all()
         self._task = asyncio.create_task(self._loop(), name="specroute-pool-health")
 
@@ -173,7 +187,7 @@ class PoolManager:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await asyncio.gather(*(e.channel.close() for e in self.endpoints()), return_exceptions=True)
+        await asyncio.gather(*(e.close() for e in self.endpoints()), return_exceptions=True)
 
     def states(self) -> dict[str, PoolState]:
         now = time.monotonic()

@@ -34,7 +34,7 @@ def test_bench_engine_writes_json_and_png(tmp_path):
     assert {(r["engine"], r["dcut"], r["concurrency"]) for r in rows} == {
         (e, d, c) for e, d in (("ar", False), ("dfly", False), ("dfly", True)) for c in (1, 3)}
     for r in rows:
-        assert COLUMNS <= set(r) and r["output_tokens_per_s"] > 0 and r["lossless_failures"] == 0
+        assert set(r) >= COLUMNS and r["output_tokens_per_s"] > 0 and r["lossless_failures"] == 0
     assert (out / "engine.png").stat().st_size > 1000
 
 
@@ -42,3 +42,17 @@ def test_missing_drafter_is_a_clear_error(tmp_path):
     model = tiny_bundle(tmp_path / "m")
     with pytest.raises(UserError, match="no mtp drafter"):
         main(["--model", str(model), "--engines", "mtp", "--out", str(tmp_path)])
+
+
+def test_bench_dcut_writes_budget_table(tmp_path):
+    from bench.dcut import main as dcut_main
+
+    model = tiny_bundle(tmp_path / "m", drafters=("dfly",))
+    out = tmp_path / "out"
+    assert dcut_main(["--model", str(model), "--batch", "4", "--prompts", "6", "--max-tokens", "8",
+                      "--profile-dir", str(tmp_path / "prof"), "--out", str(out)]) == 0
+    doc = json.loads((out / "dcut.json").read_text())
+    assert [r["ratio"] for r in doc["rows"]] == [0.25, 0.5, 0.75, 1.0]
+    full = doc["rows"][-1]
+    assert full["fixed_verify_tokens"] == full["dcut_verify_tokens"] and full["fixed_accepted"] == full["dcut_accepted"]
+    assert (out / "dcut.png").is_file()

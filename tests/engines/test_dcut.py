@@ -153,3 +153,25 @@ def test_cost_many_matches_scalar_cost():
     assert many[0] == 0.0
     assert many[1] == pytest.approx(1.0) and many[2] == pytest.approx(1.5 + 2 / 3) and many[3] == pytest.approx(9.0) and many[6] == pytest.approx(60.0)
     assert [t.cost(int(b), float(f)) for b, f in zip(bs[1:], fr[1:], strict=True)] == pytest.approx(many[1:])
+
+
+def test_drafting_pays_and_skip_backoff():
+    from engines.dcut import drafting_pays
+
+    assert drafting_pays(expected=12.0, verify_ms=10.0, draft_ms=2.0, bs=4, ar_ms=5.0)       # 1.0 vs 0.8 tok/ms
+    assert not drafting_pays(expected=5.0, verify_ms=10.0, draft_ms=2.0, bs=4, ar_ms=5.0)    # 0.42 vs 0.8
+    K = 4
+    ctl = DcutController(CostTable.linear(K, base_ms=1.0, per_token_ms=1.0), K)
+    hopeless = np.full((2, K), 0.01)
+    skips = []
+    for _ in range(4):
+        assert ctl.should_draft()
+        sel, raw = ctl.select(hopeless, [False, False])
+        ctl.observe(raw, sel.keep, [0, 0], sel.kept_fraction, overhead_ms=5.0, verify_ms=sel.cost_ms, sel=sel)
+        n = 0
+        while not ctl.should_draft():
+            n += 1
+        skips.append(n)
+    assert skips == [1, 2, 4, 8]      # exponential backoff between probes (cost model: no measurements)
+    ctl.set_enabled(False)
+    assert ctl.should_draft() and ctl.backoff == 1

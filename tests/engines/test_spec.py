@@ -211,10 +211,14 @@ def test_drafter_for_another_target_is_rejected():
 
 # --- batches -------------------------------------------------------------------------------------
 
-def _run_batch(dec: SpecDecoder, ps: list[list[int]], max_tokens: int, k: int, keep_fn) -> list[list[int]]:
+def _run_batch(dec: SpecDecoder, ps: list[list[int]], max_tokens: int, k: int, keep_fn,
+               batched_prefill: bool = False) -> list[list[int]]:
     outs: dict[int, list[int]] = {}
+    if batched_prefill:
+        outs = {s: [y] for s, y in enumerate(dec.prefill_batch(list(range(len(ps))), ps, [GREEDY] * len(ps)))}
     for s, p in enumerate(ps):
-        outs[s] = [dec.prefill(s, p, GREEDY)]
+        if not batched_prefill:
+            outs[s] = [dec.prefill(s, p, GREEDY)]
     live = list(range(len(ps)))
     while live:
         proposal = dec.draft(live, k)
@@ -225,14 +229,14 @@ def _run_batch(dec: SpecDecoder, ps: list[list[int]], max_tokens: int, k: int, k
     return [outs[s][:max_tokens] for s in range(len(ps))]
 
 
-@pytest.mark.parametrize("random_keep", [False, True])
-def test_ragged_batch_equals_per_request_greedy(random_keep):
+@pytest.mark.parametrize(("random_keep", "batched_prefill"), [(False, False), (True, False), (True, True)])
+def test_ragged_batch_equals_per_request_greedy(random_keep, batched_prefill):
     target = make_target()
     ps = prompts(5, seed=3, lo=2, hi=40)
     g = torch.Generator().manual_seed(0)
     keep_fn = (lambda s: int(torch.randint(0, 7, (1,), generator=g))) if random_keep else (lambda s: 6)
     dec = oracle_decoder(target, 6, 128, corrupt=0.25)
-    got = _run_batch(dec, ps, 36, 6, keep_fn)
+    got = _run_batch(dec, ps, 36, 6, keep_fn, batched_prefill)
     for i, p in enumerate(ps):
         ref = ar_generate(target, CharTok(), p, GREEDY, max_tokens=36, max_len=128).token_ids
         assert_lossless(target, p, got[i], ref, label=f"row {i}")
@@ -301,3 +305,25 @@ def test_random_real_drafters_are_lossless_single_and_batched(kind, block):
     for p, row in zip(ps, got, strict=True):
         ref = ar_generate(target, CharTok(), p, GREEDY, max_tokens=24, max_len=128).token_ids
         assert_lossless(target, p, row, ref, label=f"{kind} batched")
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dflash"])
+def test_sampled_drafts_carry_q_and_are_reproducible(kind):
+    target = make_target()
+    drafter = _real_drafter(kind, target, 8).eval()
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=5)
+    p = prompts(1, seed=14)[0]
+    outs = []
+    for _ in range(2):
+        dec = SpecDecoder(target, drafter, 1, 96, sample_drafts=True)
+        dec.prefill(0, p, params)
+        proposal = dec.draft([0], 3)
+        assert proposal is not None and proposal.probs is not None           # q kept for the ratio test
+        assert torch.allclose(proposal.probs.sum(-1), torch.ones(1, 3), atol=1e-4)
+        outs.append(spec_generate(target, None, CharTok(), p, params, max_tokens=20, k=3,
+                                  decoder=SpecDecoder(target, drafter, 1, 96, sample_drafts=True)).token_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == 20
+    # greedy rows never sample drafts, even with the option on
+    dec = SpecDecoder(target, drafter, 1, 96, sample_drafts=True)
+    dec.prefill(0, p, GREEDY)
+    assert dec.draft([0], 3).probs is None

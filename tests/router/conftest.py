@@ -3,6 +3,7 @@ the app driven in-process (httpx ASGITransport with the lifespan run explicitly)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -83,3 +84,29 @@ def sse_events(text: str) -> list[Any]:
                 data = line[6:]
                 out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+@asynccontextmanager
+async def uvicorn_app(settings: Settings, classify: Callable[..., Any] = keyword_classify) -> AsyncIterator[tuple[str, Any]]:
+    """The app behind a real uvicorn server on a free loopback port (same event loop as the test)."""
+    import asyncio
+
+    import uvicorn
+
+    from tests.redis_server import free_port
+
+    app = create_app(settings, classify=classify)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                          timeout_graceful_shutdown=2))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # keep pytest's handlers
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        await task

@@ -11,6 +11,9 @@ import pytest
 from tests.router.conftest import engines, running_app, settings_for, sse_events
 from tests.router.fake_engine import FakeConfig, FakeEngine
 
+# one event loop for the whole session: grpc.aio does not like a fresh loop per test
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]
+
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5,
         "temperature": 0}
 

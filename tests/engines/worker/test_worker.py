@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -204,3 +205,27 @@ def test_dcut_worker_live_switch(bundle, start_worker, tmp_path):
     assert [t for c in on for t in c.token_ids] == [t for c in off for t in c.token_ids]
     assert off[-1].stats.drafted_tokens >= on[-1].stats.drafted_tokens
     assert w.stub.SetDcut(pb.SetDcutRequest(enabled=True)).dcut
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def test_worker_memory_is_stable(bundle, start_worker, tmp_path):
+    import concurrent.futures as cf
+
+    w = start_worker("--engine", "dfly", "--dcut", "--model", str(bundle), "--max-running", "8",
+                     "--dcut-profile-dir", str(tmp_path))
+
+    def one(i: int) -> int:
+        return collect(w.stub, chat(f"question number {i}: what is {i} + {i}?", 12))[-1].completion_tokens
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        assert all(list(ex.map(one, range(100))))
+        after_100 = _rss_mb(w.proc.pid)
+        assert all(list(ex.map(one, range(100, 400))))
+        after_400 = _rss_mb(w.proc.pid)
+    assert after_400 <= after_100 * 1.10, (after_100, after_400)

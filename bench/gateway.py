@@ -1,0 +1,308 @@
+"""`specroute bench gateway --out bench/results/`: the gateway's own overhead.
+
+One run starts a `null` engine worker (an explicitly named engine that emits tokens without a model,
+for overhead measurement only) and one gateway process in front of it, then drives closed-loop
+clients at each concurrency level against
+
+- `direct`: the worker's gRPC `Generate` (what the gateway itself does per request), and
+- `gateway`: `POST /v1/chat/completions` on the gateway (HTTP/1.1 keep-alive, a minimal client so
+  the client's own cost stays small), streaming (`stream: true`, read to `[DONE]`) and not.
+
+Short completions (`--max-tokens`, default 8). Client processes are separate from the worker and the
+gateway (`--client-procs`). Writes `gateway.json`: `rows` with `path`, `stream`, `concurrency`,
+`p50_ms`, `p99_ms`, `requests_per_s` (+ request count and errors), and `added_latency` with the
+gateway-minus-direct p50/p99 per (stream, concurrency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specroute.errors import UserError
+
+PROMPT = "Say something short."
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    i = min(len(s) - 1, max(0, round(q / 100.0 * (len(s) - 1))))
+    return s[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# clients (run inside client processes)
+
+
+class HTTPConn:
+    """Minimal HTTP/1.1 keep-alive client: POST JSON, read a Content-Length or chunked body."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        length, chunked, close = None, False, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            k, v = k.strip().lower(), v.strip().lower()
+            if k == "content-length":
+                length = int(v)
+            elif k == "transfer-encoding" and "chunked" in v:
+                chunked = True
+            elif k == "connection" and v == "close":
+                close = True
+        data = bytearray()
+        if chunked:
+            while True:
+                size = int((await self.reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                data += await self.reader.readexactly(size)
+                await self.reader.readexactly(2)
+        elif length is not None:
+            data += await self.reader.readexactly(length)
+        if close:
+            self.writer.close()
+            self.writer = None
+        return status, bytes(data)
+
+
+async def _client_loop(
+    path: str, stream: bool, conc: int, duration: float, warmup: float, target: str, max_tokens: int,
+) -> tuple[list[float], int, float]:
+    import grpc
+
+    from specroute.v1 import engine_pb2, engine_pb2_grpc
+
+    host, port = target.rsplit(":", 1)
+    lat: list[float] = []
+    errors = 0
+    t_start = time.perf_counter()
+    t_measure = t_start + warmup
+    t_end = t_measure + duration
+    body = json.dumps({"model": "specroute", "messages": [{"role": "user", "content": PROMPT}],
+                       "max_tokens": max_tokens, "temperature": 0, "stream": stream}).encode()
+    channel = grpc.aio.insecure_channel(target) if path == "direct" else None
+    stub = engine_pb2_grpc.EngineStub(channel) if channel is not None else None
+
+    async def one_direct() -> bool:
+        assert stub is not None
+        req = engine_pb2.GenerateRequest(max_tokens=max_tokens, domain="chat", pool="null")
+        req.messages.add(role="user", content=PROMPT)
+        n = 0
+        async for _chunk in stub.Generate(req, timeout=30):
+            n += 1
+        return n > 0
+
+    async def worker() -> None:
+        nonlocal errors
+        conn = HTTPConn(host, int(port))
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= t_end:
+                return
+            try:
+                if path == "direct":
+                    ok = await one_direct()
+                else:
+                    status, data = await conn.post("/v1/chat/completions", body)
+                    ok = status == 200 and (b"[DONE]" in data if stream else b'"choices"' in data)
+            except Exception:
+                ok = False
+                conn = HTTPConn(host, int(port))
+            t1 = time.perf_counter()
+            if t0 >= t_measure and t1 <= t_end:
+                if ok:
+                    lat.append(t1 - t0)
+                else:
+                    errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    if channel is not None:
+        await channel.close()
+    return lat, errors, duration
+
+
+def _client_proc(args: tuple[Any, ...], out: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    out.put(asyncio.run(_client_loop(*args)))
+
+
+def run_cell(path: str, stream: bool, conc: int, duration: float, warmup: float, target: str, max_tokens: int,
+             procs: int) -> dict[str, Any]:
+    nproc = max(1, min(procs, conc))
+    per = [conc // nproc + (1 if i < conc % nproc else 0) for i in range(nproc)]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_client_proc, args=((path, stream, c, duration, warmup, target, max_tokens), q))
+          for c in per]
+    for p in ps:
+        p.start()
+    results = [q.get(timeout=duration + warmup + 120) for _ in ps]
+    for p in ps:
+        p.join(10)
+    lat = [x for r in results for x in r[0]]
+    errors = sum(r[1] for r in results)
+    return {
+        "path": path, "stream": stream, "concurrency": conc,
+        "p50_ms": round(percentile(lat, 50) * 1000, 3), "p99_ms": round(percentile(lat, 99) * 1000, 3),
+        "requests_per_s": round(len(lat) / duration, 1), "requests": len(lat), "errors": errors,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# orchestration
+
+
+def wait_until(check: Any, proc: subprocess.Popen[bytes], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"{what} exited with code {proc.returncode}")
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise UserError(f"{what} not ready after {timeout}s")
+
+
+def _grpc_ready(addr: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(addr) as ch:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _gateway_serves(port: int) -> bool:
+    """A real request goes through (readiness without insisting on the classifier artifact)."""
+    status, _ = asyncio.run(HTTPConn("127.0.0.1", port).post("/v1/chat/completions", json.dumps(
+        {"model": "specroute", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}).encode()))
+    return status == 200
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise UserError(f"--concurrency {text!r}: expected integers like 1,16,64") from None
+    if not levels or min(levels) < 1:
+        raise UserError("--concurrency needs positive integers")
+    return levels
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="specroute bench gateway", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench/results/", help="output directory (gateway.json)")
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell")
+    ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per cell")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
+    ap.add_argument("--worker", default=None, help="use this running worker HOST:PORT instead of starting one")
+    args = ap.parse_args(argv)
+    levels = parse_levels(args.concurrency)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    cli = [sys.executable, "-m", "specroute.cli"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        if args.worker:
+            worker_addr = args.worker
+        else:
+            wport = free_port()
+            worker_addr = f"127.0.0.1:{wport}"
+            w = subprocess.Popen([*cli, "worker", "--engine", "null", "--port", str(wport), "--max-running", "512",
+                                  "--max-waiting", "1024"], start_new_session=True)
+            procs.append(w)
+            wait_until(lambda: _grpc_ready(worker_addr), w, "null worker")
+        gport = free_port()
+        env = {**os.environ, "SPECROUTE_LOG_LEVEL": "warning"}
+        env.pop("SPECROUTE_REDIS_URL", None)
+        env.pop("REDIS_URL", None)
+        g = subprocess.Popen([*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(gport),
+                              "--log-level", "warning"], env=env, start_new_session=True)
+        procs.append(g)
+        wait_until(lambda: _gateway_serves(gport), g, "gateway")
+
+        rows: list[dict[str, Any]] = []
+        for stream in (False, True):
+            for conc in levels:
+                for path, target in (("direct", worker_addr), ("gateway", f"127.0.0.1:{gport}")):
+                    row = run_cell(path, stream, conc, args.duration, args.warmup, target, args.max_tokens,
+                                   args.client_procs)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        added = []
+        for stream in (False, True):
+            for conc in levels:
+                d = next(r for r in rows if r["path"] == "direct" and r["stream"] == stream and r["concurrency"] == conc)
+                gw = next(r for r in rows if r["path"] == "gateway" and r["stream"] == stream and r["concurrency"] == conc)
+                added.append({"stream": stream, "concurrency": conc,
+                              "added_p50_ms": round(gw["p50_ms"] - d["p50_ms"], 3),
+                              "added_p99_ms": round(gw["p99_ms"] - d["p99_ms"], 3),
+                              "gateway_requests_per_s": gw["requests_per_s"]})
+        result = {
+            "benchmark": "gateway",
+            "meta": {"engine": "null", "max_tokens": args.max_tokens, "duration_s": args.duration,
+                     "client_procs": args.client_procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+                     "python": platform.python_version(), "time": time.time()},
+            "rows": rows,
+            "added_latency": added,
+        }
+        (out / "gateway.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(added, indent=2))
+        print(f"wrote {out / 'gateway.json'}")
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    return 0

@@ -1,0 +1,77 @@
+"""`specroute gateway`: run the OpenAI-compatible gateway (uvicorn, one process).
+
+Flags override `SPECROUTE_*` environment variables; see router/settings.py for every setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from specroute.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specroute gateway", description=__doc__)
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--pool", action="append", metavar="NAME=HOST:PORT[,HOST:PORT]",
+                   help="a worker pool and its gRPC endpoints (repeat for several pools)")
+    p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
+    p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` "
+                                         "(prefer $SPECROUTE_ADMIN_TOKEN)")
+    p.add_argument("--insecure-admin", action="store_true", default=None,
+                   help="serve the admin API without a token (local development only)")
+    p.add_argument("--api-key", action="append", help="accepted client API key (repeat); default: no auth")
+    p.add_argument("--model-name", help="served model id (default: the workers' model id)")
+    p.add_argument("--request-timeout", type=float, dest="request_timeout_s", help="per-request deadline, s")
+    p.add_argument("--gateway-feedback", action="store_true", default=None,
+                   help="write acceptance feedback from the gateway (for workers that do not)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from router.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    for key in ("host", "port", "redis_url", "insecure_admin", "model_name", "request_timeout_s",
+                "gateway_feedback", "log_level"):
+        val = getattr(args, key)
+        if val is not None:
+            overrides[key] = val
+    if args.pool:
+        overrides["pools"] = ";".join(args.pool)
+    if args.admin_token:
+        overrides["admin_tokens"] = args.admin_token
+    if args.api_key:
+        overrides["api_keys"] = ",".join(args.api_key)
+    try:
+        settings = Settings(**overrides)
+    except (ValidationError, ValueError) as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        msg = f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}" if first else str(exc)
+        raise UserError(f"invalid gateway settings: {msg}") from None
+    if not settings.pools:
+        raise UserError("no worker pools: pass --pool NAME=HOST:PORT (or set SPECROUTE_POOLS)")
+    return settings
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    import uvicorn
+
+    from router.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.admin_enabled:
+        logging.getLogger("specroute.gateway").warning(
+            "admin API disabled: set SPECROUTE_ADMIN_TOKEN (or --insecure-admin for local development)")
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+                loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,155 @@
+"""The fast feature scan and scorer reproduce the reference formulation exactly; the eval times it.
+
+`classifier.features.scan` reorganises the feature computation (shared pair tables, packed counts, one
+bincount, keys written in place) and `Classifier.classify` folds the standardisation into the weights.
+Neither may change a feature or a probability: the shipped artifact was trained on the reference
+features (`reference_features.py`, the original implementation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from classifier import Classifier, default_classifier
+from classifier import features as F
+from classifier.data import read_prompt_dir
+from classifier.evaluate import measure_latency
+from classifier.model import junk_weight
+from specroute.cli import main as specroute_main
+
+from . import reference_features as R
+from .conftest import CHAT, CODE, MATH, SHARED_PROMPTS
+
+TRICKY = [
+    "",
+    " ",
+    "a",
+    ".",
+    "ab",
+    "x=1",
+    "0+0",
+    "\x00",
+    "é",
+    "日本語",
+    "a.b_c(d) x = (1) camelCase snake_case obj.attr f(x)",
+    "$5 and $$x^2$$ \\frac{1}{2} \\(a\\) 50% <div class='x'>hi</div> <br/>",
+    "```python\nimport os\n\ndef main():\n\treturn os.getcwd()  # cwd\n```\n",
+    "\ud800abc \udfff",
+    "\ufffd" * 5,
+    "\ue000 private \U000f0001 use",
+    "1+2=3, 4 * 5 = 20, y=(3+4), a_1 = b_2",
+    "😀 " * 40,
+    "日本語のテキスト" * 20,  # more than 64 non-ASCII characters: the vectorised path
+    # non-ASCII code points whose 4093-bin shares an ASCII character's bin (a) or another's
+    "a" + chr(4093 + 97) + " bc " + chr(2 * 4093 + 300) + chr(4093 + 300) + chr(300) + chr(4093 + 97),
+    "line\n\n\nblank lines\r\n\x0b\x0cend",
+]
+
+
+def _same(text: str, full_len: int | None = None) -> None:
+    got, ref = F.extract(text, full_len), R.extract(text, full_len)
+    np.testing.assert_allclose(got.dense, ref.dense, rtol=0, atol=1e-12)
+    assert got.junk == ref.junk
+    assert got.buckets.dtype == np.intp
+    assert np.array_equal(np.sort(got.buckets), np.sort(ref.buckets))
+
+
+@pytest.mark.parametrize("text", TRICKY + CHAT + CODE + MATH)
+def test_scan_matches_reference_on_tricky_text(text: str):
+    _same(text)
+    _same(text, 10 * len(text) + 7)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list("abZ09 _.(=+-*/^<>\n\t\r$\\{}[]`'\"#@%é日\x00\x7f\ufffd😀")),
+        max_size=400,
+    )
+)
+def test_scan_matches_reference_on_pattern_soup(text: str):
+    _same(text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(max_size=F.MAX_SAMPLE_CHARS))
+def test_scan_matches_reference_on_any_text(text: str):
+    _same(text)
+
+
+@pytest.mark.skipif(not SHARED_PROMPTS.is_dir(), reason="shared prompt data not available")
+def test_scan_matches_reference_on_shared_prompts():
+    examples, _ = read_prompt_dir(SHARED_PROMPTS)
+    rng = np.random.default_rng(1)
+    picks = rng.choice(len(examples), 600, replace=False).tolist()
+    picks += sorted(range(len(examples)), key=lambda i: -len(str(examples[i].request)))[:40]  # the longest
+    for i in picks:
+        _same(*F.request_text(examples[i].request))
+
+
+def test_long_samples_are_read_head_and_tail():
+    text = "HEAD " + "def f(x):\n    return x + 1\n" * 400 + " TAIL"
+    a = F.scan(text, len(text))
+    b = F.scan(F._head_tail(text), len(text))
+    assert a is not None and b is not None
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def _reference_probabilities(clf: Classifier, text: str) -> list[float]:
+    sample, full_len = F.request_text(text)
+    feats = R.extract(sample, full_len)
+    p = clf.probabilities(feats)
+    w = junk_weight(feats.junk)
+    return ((1.0 - w) * p + w / 3.0).tolist()
+
+
+@pytest.mark.parametrize("text", [t for t in TRICKY if any(c.isalnum() for c in t)] + CHAT + CODE + MATH)
+def test_fast_scoring_matches_reference_scoring(text: str):
+    clf = default_classifier()
+    got = clf.classify(text)
+    want = _reference_probabilities(clf, text)
+    assert np.allclose([got.probabilities[k] for k in ("chat", "code", "math")], want, rtol=0, atol=1e-12)
+
+
+def test_measure_latency_reports_method_and_pinning():
+    lat = measure_latency(default_classifier(), CHAT + CODE + MATH, repeats=2, n_100kb=3)
+    assert lat.n == 2 * len(CHAT + CODE + MATH)
+    assert 0 < lat.p50 <= lat.p99 <= lat.p999 <= lat.max
+    assert lat.by_length["100KB"].n == 3 and lat.p99_100kb > 0
+    assert "perf_counter_ns" in lat.method and "garbage collector disabled" in lat.method
+    if lat.cpu_affinity is not None:
+        assert len(lat.cpu_affinity) == 1
+
+
+def test_eval_json_has_latency_method(tiny_prompts: Path, tmp_path: Path, capsys):
+    out = tmp_path / "eval.json"
+    argv = ["classifier", "eval", "--data", str(tiny_prompts), "--out", str(out), "--repeats", "1"]
+    assert specroute_main(argv) == 0
+    rep = json.loads(out.read_text())
+    assert rep["latency_method"] == rep["latency_us"]["method"]
+    printed = capsys.readouterr().out
+    assert "p50=" in printed and "p99=" in printed and "p99_100kb=" in printed
+
+
+def test_classify_is_cheap():
+    """A loose guard against regressions to per-call costs in the milliseconds (CPU time, median)."""
+    clf = default_classifier()
+    texts = CHAT + CODE + MATH
+    for t in texts:
+        clf.classify(t)
+    samples = []
+    for _ in range(20):
+        for t in texts:
+            c0 = time.thread_time_ns()
+            clf.classify(t)
+            samples.append(time.thread_time_ns() - c0)
+    assert float(np.median(samples)) / 1000.0 < 500.0
+    assert math.isfinite(float(np.max(samples)))
