@@ -63,6 +63,7 @@ class AcceptanceRow(BaseModel):
     lossless_mismatches: int        # differences not explained by a near-tie (bugs)
     near_ties: int                  # differences at a tolerated near-tie
     low_acceptance: bool            # mean_accepted_length < 1.3: flagged
+    drafting: str = "greedy"        # "greedy" (q one-hot) or "sampled" (drafts sampled from q; T > 0 only)
 
 
 class AcceptanceReport(BaseModel):
@@ -213,6 +214,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                     speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
                     lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
                     low_acceptance=mal < LOW_ACCEPTANCE,
+                    drafting="sampled" if sample_drafts and temp > 0 else "greedy",
                 )
                 rows.append(row)
                 flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
@@ -231,14 +233,15 @@ def plot(report: AcceptanceReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = report.rows
-    temps = sorted({r.temperature for r in rows})
+    cols = sorted({(r.temperature, r.drafting) for r in rows})
     domains = [d for d in DOMAINS if any(r.domain == d for r in rows)]
     labels = list(dict.fromkeys(Config(r.drafter, r.block, r.k).label for r in rows))
-    fig, axes = plt.subplots(3, len(temps), figsize=(6.5 * len(temps), 12), squeeze=False)
+    fig, axes = plt.subplots(3, len(cols), figsize=(6.5 * len(cols), 12), squeeze=False)
     colors = plt.get_cmap("tab10")
     width = 0.8 / max(len(labels), 1)
-    for c, temp in enumerate(temps):
-        sub = [r for r in rows if r.temperature == temp]
+    for c, (temp, drafting) in enumerate(cols):
+        sub = [r for r in rows if r.temperature == temp and r.drafting == drafting]
+        name = f"T={temp:g}" + (f", {drafting} drafts" if temp > 0 else "")
         for metric, ax, ref, title in (
             ("mean_accepted_length", axes[0][c], LOW_ACCEPTANCE, "mean accepted length (tokens/step, incl. bonus)"),
             ("speedup", axes[1][c], 1.0, "decode speedup over AR (same run, batch 1)"),
@@ -257,7 +260,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
             ax.axhline(ref, color="red", ls="--", lw=1,
                        label=f"flag < {LOW_ACCEPTANCE}" if metric == "mean_accepted_length" else "AR")
             ax.set_xticks(range(len(domains)), domains)
-            ax.set_title(f"T={temp:g}: {title}", fontsize=10)
+            ax.set_title(f"{name}: {title}", fontsize=10)
             ax.set_ylim(0, max([getattr(r, metric) for r in sub] + [ref]) * 1.25)
             ax.legend(fontsize=7, ncols=3, loc="upper left")
         ax = axes[2][c]
@@ -271,7 +274,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
             ax.plot(range(1, n + 1), mean, marker="o", ms=3, label=lab, color=colors(j))
         ax.set_xlabel("draft position")
         ax.set_ylim(0, 1)
-        ax.set_title(f"T={temp:g}: acceptance rate per draft position (mean over domains)", fontsize=10)
+        ax.set_title(f"{name}: acceptance rate per draft position (mean over domains)", fontsize=10)
         ax.legend(fontsize=7)
     meta = report.meta
     fig.suptitle(f"Speculative decoding on held-out prompts ({meta.get('model', '')}, batch 1, "
@@ -368,10 +371,16 @@ def merge_reports(paths: list[Path]) -> AcceptanceReport:
     if not reports:
         raise UserError("--merge needs at least one file")
     order = {d: i for i, d in enumerate(DOMAINS)}
+    for rep in reports:   # reports written before rows carried `drafting`: take it from the meta
+        if str(rep.meta.get("drafting_at_t_gt_0", "")).startswith("sampled"):
+            for r in rep.rows:
+                r.drafting = "sampled" if r.temperature > 0 else "greedy"
     rows = sorted((r for rep in reports for r in rep.rows),
-                  key=lambda r: (r.temperature, order.get(r.domain, 9), r.drafter, r.block))
+                  key=lambda r: (r.temperature, r.drafting, order.get(r.domain, 9), r.drafter, r.block))
     meta = dict(reports[0].meta)
     meta["merged_from"] = [str(p) for p in paths]
+    meta.pop("drafting_at_t_gt_0", None)
+    meta["drafting"] = "per row: greedy (q one-hot) or sampled from q (T > 0)"
     meta["wall_s"] = max(float(rep.meta.get("wall_s", 0)) for rep in reports)
     return AcceptanceReport(meta=meta, rows=rows)
 

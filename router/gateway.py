@@ -27,6 +27,7 @@ from router.policy import UNKNOWN_DOMAIN, Decision, Policy, decide, default_poli
 from router.pools import Endpoint, PoolManager
 from router.settings import Settings
 from router.store import EVENTS_CHANNEL, PolicyStore, VersionConflict, parse_policy
+from router.tasks import stop_tasks
 from specroute.v1 import engine_pb2
 
 log = logging.getLogger("specroute.gateway")
@@ -109,6 +110,7 @@ class Gateway:
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self.redis_ok = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False  # set by close(): every background loop exits at its next check
         self._feedback: asyncio.Queue[FeedbackRecord] | None = None
         self.started_at = time.time()
         self._classify_warned = 0.0
@@ -144,7 +146,7 @@ class Gateway:
                 self._tasks.append(asyncio.create_task(self._classifier_retry(), name="specroute-classifier-retry"))
 
     async def _classifier_retry(self) -> None:
-        while self.classify_fn is None:
+        while self.classify_fn is None and not self._closing:
             await asyncio.sleep(30.0)
             with contextlib.suppress(Exception):
                 self.classify_fn = await asyncio.to_thread(_load_classifier)
@@ -152,15 +154,16 @@ class Gateway:
                 log.info("classifier loaded")
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
-        await self.pools.close()
-        if self.store is not None:
-            await self.store.close()
+        """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
+        for it, then close the pools (health/Load poller, channels) and the Redis client."""
+        self._closing = True
+        try:
+            await stop_tasks(self._tasks)
+            self._tasks.clear()
+        finally:
+            await self.pools.close()
+            if self.store is not None:
+                await self.store.close()
 
     # -- snapshot maintenance (background only) --------------------------------------------
     def _redis_error(self, exc: BaseException) -> None:
@@ -201,8 +204,10 @@ class Gateway:
         self.redis_ok = True
 
     async def _refresh_loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.settings.stats_interval_s)
+            if self._closing:
+                return
             try:
                 await self.refresh()
             except (TimeoutError, RedisError, OSError) as exc:
@@ -216,14 +221,14 @@ class Gateway:
 
     async def _listen_loop(self) -> None:
         assert self.store is not None
-        while True:
+        while not self._closing:
             client = self.store.pubsub_client()
             ps = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await ps.subscribe(EVENTS_CHANNEL)
                 # close the gap between subscribing and the last pull: anything written before now
                 self._apply_policy(await self.store.get())
-                while True:
+                while not self._closing:
                     msg = await ps.get_message(timeout=5.0)
                     if msg and msg.get("type") == "message":
                         try:
@@ -231,6 +236,8 @@ class Gateway:
                         except ValueError as exc:
                             log.error("ignoring invalid policy event: %s", exc)
             except (TimeoutError, RedisError, OSError) as exc:
+                if self._closing:
+                    return
                 self._redis_error(exc)
                 await asyncio.sleep(min(1.0, self.settings.stats_interval_s))
             finally:
@@ -242,7 +249,7 @@ class Gateway:
     async def _feedback_loop(self) -> None:
         assert self.store is not None and self._feedback is not None
         record = make_recorder(self.store.client)
-        while True:
+        while not self._closing:
             rec = await self._feedback.get()
             try:
                 await record(rec)

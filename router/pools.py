@@ -10,7 +10,6 @@ without waiting for the next health check.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -20,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.policy import PoolState
+from router.tasks import stop_tasks
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("specroute.gateway.pools")
@@ -157,6 +157,7 @@ class PoolManager:
         self.health_timeout_s = health_timeout_s
         self.rng = rng or random.Random()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def names(self) -> list[str]:
@@ -175,18 +176,21 @@ class PoolManager:
         self._task = asyncio.create_task(self._loop(), name="specroute-pool-health")
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.health_interval_s)
+            if self._closing:
+                return
             try:
                 await self.check_all()
             except Exception:  # pragma: no cover - never let the loop die
                 log.exception("health loop")
 
     async def close(self) -> None:
+        """Stop the health/Load poller (and wait for it), then close every channel."""
+        self._closing = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task])
+            self._task = None
         await asyncio.gather(*(e.close() for e in self.endpoints()), return_exceptions=True)
 
     def states(self) -> dict[str, PoolState]:

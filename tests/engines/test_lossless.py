@@ -127,7 +127,7 @@ def test_batched_ragged_speculative_equals_greedy_decoding(bundle, prompts, gree
     target, _ = bundle
     dec = SpecDecoder(target, _drafter("dfly", 16, target), 8, target.config.max_position_embeddings)
     g = random.Random(1)
-    for start in range(0, N_PROMPTS, 8):
+    for start in range(0, 24, 8):   # 3 ragged batches of 8 (the single-request tests cover all 50)
         batch = prompts[start:start + 8]
         got = _spec_greedy(dec, list(range(len(batch))), batch, 15, keep_fn=lambda: g.randint(0, 15))
         for j, (ids, row) in enumerate(zip(batch, got, strict=True)):

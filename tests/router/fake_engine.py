@@ -146,3 +146,5 @@ class FakeEngine:
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
+        if self.servicer._redis is not None:
+            await self.servicer._redis.aclose()
