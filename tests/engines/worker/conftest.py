@@ -79,7 +79,7 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    def wait_load(self, pred, timeout: float = 10.0) -> pb.LoadResponse:
+    def wait_load(self, pred, timeout: float = 30.0) -> pb.LoadResponse:
         t_end = time.monotonic() + timeout
         while True:
             load = self.stub.Load(pb.LoadRequest())

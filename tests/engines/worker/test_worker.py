@@ -104,9 +104,12 @@ def test_invalid_requests_get_invalid_argument(ar_worker, req, msg):
 
 def test_cancel_frees_slot_and_queue_full(ar_worker):
     stub = ar_worker.stub
-    calls = [stub.Generate(chat("tell me a long story", 2000)) for _ in range(2)]
-    for c in calls:
-        next(c)   # both running (first chunk arrived)
+    # earlier tests' cancelled requests may still be draining on a loaded machine
+    ar_worker.wait_load(lambda ld: ld.running == 0 and ld.waiting == 0)
+    calls = []
+    for _ in range(2):
+        calls.append(stub.Generate(chat("tell me a long story", 2000)))
+        next(calls[-1])   # running (first chunk arrived) before the next one is sent
     assert ar_worker.wait_load(lambda ld: ld.running == 2).running == 2
     waiting = stub.Generate(chat("queued", 2000))
     ar_worker.wait_load(lambda ld: ld.waiting == 1)
