@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.batcher import Closed, Event, GenRequest, LoadSnapshot, QueueFull, RequestStats, Sink
-from engines.worker.backend import BackendInfo
+from engines.worker.backend import AsyncTaskBackend, BackendInfo
 from specroute.errors import UserError
 
 VLLM_METHODS = ("mtp", "dflash")
@@ -148,7 +148,7 @@ class _VllmHandle:
     submitted: float = field(default_factory=time.perf_counter)
 
 
-class VllmBackend:  # pragma: no cover - needs a GPU and vllm
+class VllmBackend(AsyncTaskBackend):  # pragma: no cover - needs a GPU and vllm
     def __init__(self, settings, metrics=None) -> None:
         try:
             from transformers import AutoTokenizer
@@ -229,20 +229,8 @@ class VllmBackend:  # pragma: no cover - needs a GPU and vllm
             for i, c in enumerate(s.accepted_per_position[: len(m._pos)]):
                 m._pos[i].inc(c)
 
-    def cancel(self, handle: _VllmHandle) -> None:
-        if handle.task is not None and not handle.task.done():
-            handle.task.cancel()
-
-    def close(self) -> None:
-        self._closed = True
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return not self._active
-
     def stop(self) -> None:
-        self._closed = True
-        for h in list(self._active):
-            self.cancel(h)
+        super().stop()
         self.llm.shutdown()
 
     def load(self) -> LoadSnapshot:

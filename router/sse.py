@@ -70,20 +70,8 @@ class SSEResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        task = asyncio.ensure_future(pump())
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
-            done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel()
-            watcher.cancel()
-            raise
-        if task in done:
-            watcher.cancel()
-            task.result()
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        with contextlib.suppress(Exception):
-            await self.iterator.aclose()  # type: ignore[attr-defined]
+            await race_disconnect(receive, pump())
+        except ClientDisconnected:
+            with contextlib.suppress(Exception):
+                await self.iterator.aclose()  # type: ignore[attr-defined]

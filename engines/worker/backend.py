@@ -25,6 +25,29 @@ class BackendInfo:
     max_waiting: int
 
 
+class AsyncTaskBackend:
+    """Shared bookkeeping for backends that run each request as an asyncio task (`NullBackend`,
+    `VllmBackend`): subclasses keep `self._active` (handles with a `.task`) and `self._closed`."""
+
+    _active: set[Any]
+    _closed: bool
+
+    def cancel(self, handle: Any) -> None:
+        if handle.task is not None and not handle.task.done():
+            handle.task.cancel()
+
+    def close(self) -> None:
+        self._closed = True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return not self._active
+
+    def stop(self) -> None:
+        self._closed = True
+        for h in list(self._active):
+            self.cancel(h)
+
+
 class Backend(Protocol):
     info: BackendInfo
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engines.batcher import Closed, Event, GenRequest, LoadSnapshot, QueueFull, RequestStats, Sink
-from engines.worker.backend import BackendInfo
+from engines.worker.backend import AsyncTaskBackend, BackendInfo
 
 
 @dataclass(eq=False)
@@ -25,7 +25,7 @@ class NullHandle:
     submitted: float = field(default_factory=time.perf_counter)
 
 
-class NullBackend:
+class NullBackend(AsyncTaskBackend):
     def __init__(self, settings) -> None:
         self.words = settings.null_text.split() or ["x"]
         self.delay = settings.null_token_delay_ms / 1000.0
@@ -89,21 +89,6 @@ class NullBackend:
             self._active.discard(h)
             if not self._active:
                 self._idle.set()
-
-    def cancel(self, handle: NullHandle) -> None:
-        if handle.task is not None and not handle.task.done():
-            handle.task.cancel()
-
-    def close(self) -> None:
-        self._closed = True
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return not self._active
-
-    def stop(self) -> None:
-        self._closed = True
-        for h in list(self._active):
-            self.cancel(h)
 
     def load(self) -> LoadSnapshot:
         running = min(len(self._active), self.max_running)
