@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.dcut import DcutController
+from engines.dcut import DcutController, prefix_scores
 from engines.sampling import SamplingParams
 from engines.stopping import StopState
 
@@ -118,6 +118,11 @@ class _Active:
     emitted: int = 0
     t_first: float = 0.0
     ready: bool = False      # prompt in the cache, y0 emitted
+    tokens_per_step: float | None = None   # EMA of tokens per drafted step (D-Cut); None: never drafted
+
+    def observe_drafted(self, tokens: int) -> None:
+        t = self.tokens_per_step
+        self.tokens_per_step = float(tokens) if t is None else 0.7 * t + 0.3 * tokens
 
     @property
     def req(self) -> GenRequest:
@@ -181,6 +186,7 @@ class Batcher:
         self.draft_steps = 0              # decode steps that verified drafts
         self.kept_fraction_sum = 0.0      # sum over those of D-Cut's kept fraction (1.0 when off)
         self.verify_groups = 0            # extra verify forwards D-Cut's depth grouping added
+        self.probe_steps = 0              # D-Cut probes: a few rows drafted while plain steps win
         self.rows_drafted = 0             # rows verified with >= 1 draft (vLLM's num_drafts)
         self.decode_steps = 0
         self.accepted_total = 0           # drafts accepted (vLLM's num_accepted_tokens)
@@ -357,12 +363,20 @@ class Batcher:
         k = max(0, min(self.k, max(remaining) - 1))
         dcut = self.dcut if self.dcut is not None and self.dcut.enabled else None
         forced = [a.req.disable_dcut for a in rows]
-        if k > 0 and dcut is not None and not any(forced) and not dcut.should_draft(len(rows)):
-            k = 0   # D-Cut predicts plain steps are faster right now
+        picked = list(range(len(rows)))
+        if k > 0 and dcut is not None and not any(forced):
+            # all rows, none (a plain step) or a cheap probe of a few
+            picked = dcut.rows_to_draft([a.tokens_per_step for a in rows])
+        if not picked:
+            k = 0
+        elif k > 0 and len(picked) < len(rows):
+            assert dcut is not None
+            self._probe_step(rows, slots, remaining, k, picked, dcut)
+            return
         t0 = time.perf_counter()
-        proposal = self.decoder.draft(slots, k) if k > 0 else None
         keep: list[int]
         sel = raw = None
+        proposal = self.decoder.draft(slots, k) if k > 0 else None
         if proposal is None:
             keep = [0] * len(rows)
         else:
@@ -393,12 +407,42 @@ class Batcher:
             self.kept_fraction_sum += sel.kept_fraction if sel is not None else 1.0
             self.rows_drafted += sum(1 for kp in keep if kp > 0)
             self.accepted_total += sum(accepted)
-        if dcut is not None:
-            dcut.record_step(len(rows), proposal is not None, sum(len(o) for o in out), (t2 - t0) * 1000.0)
+        if proposal is not None:
+            for a, o, kp in zip(rows, out, keep, strict=True):
+                if kp > 0:
+                    a.observe_drafted(len(o))
         if sel is not None and raw is not None and dcut is not None:
-            dcut.observe(raw, keep, accepted, kept_fraction or 0.0, overhead_ms=(t1 - t0) * 1000.0,
-                         verify_ms=(t2 - t1) * 1000.0, sel=sel)
+            steady = self.decoder.last_ingest <= 2 * self.k + 2   # not a catch-up on a long backlog
+            dcut.observe(raw, keep, accepted, kept_fraction or 0.0,
+                         overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel)
         self.observer.on_step(keep, accepted, kept_fraction)
+        self._finish_step(rows, out)
+
+    def _probe_step(self, rows: list[_Active], slots: list[int], remaining: list[int], k: int,
+                    picked: list[int], dcut: DcutController) -> None:
+        """D-Cut's probe while plain steps win: draft for the `picked` rows so their acceptance estimate
+        stays current, verify them in their own forward and the others as a plain step."""
+        B = len(rows)
+        sub = self.decoder.draft([slots[i] for i in picked], k)
+        assert sub is not None
+        K = int(sub.tokens.shape[1])
+        keep = [max(0, min(K if i in picked else 0, r - 1)) for i, r in enumerate(remaining)]
+        out: list[list[int]] = [[] for _ in rows]
+        others = [i for i in range(B) if i not in picked]
+        for g, prop in ((picked, sub), (others, None)):
+            if g:
+                for i, o in zip(g, self.decoder.verify([slots[i] for i in g], prop, [keep[i] for i in g]), strict=True):
+                    out[i] = o
+        accepted = [len(o) - 1 for o in out]
+        dcut.observe(prefix_scores(sub.conf.detach().float().cpu().numpy()), [keep[i] for i in picked],
+                     [accepted[i] for i in picked], 1.0)
+        for i in picked:
+            rows[i].observe_drafted(len(out[i]))
+        self.probe_steps += 1
+        self.observer.on_step(keep, accepted, None)
+        self._finish_step(rows, out)
+
+    def _finish_step(self, rows: list[_Active], out: list[list[int]]) -> None:
         step_tokens = sum(len(o) for o in out)
         self._mal_ema = step_tokens / len(rows) if self._mal_ema == 0.0 else (
             0.98 * self._mal_ema + 0.02 * step_tokens / len(rows))
@@ -527,7 +571,7 @@ def make_batcher(engine: Engine, config: BatcherConfig, dcut: bool = False, thre
         from engines.dcut import load_or_profile
 
         table = load_or_profile(engine.target, engine.model_dir, k, threads, cache_dir=profile_dir,
-                                context=min(256, max(8, config.max_len // 2)),
+                                decoder=engine.decoder, context=min(256, max(8, config.max_len // 2)),
                                 capture=tuple(engine.drafter.capture_layers),
                                 batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max(
                                     config.max_running, 1)) or (1,))

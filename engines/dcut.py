@@ -77,13 +77,16 @@ class CostTable:
     ratios: tuple[float, ...]
     ms: tuple[tuple[float, ...], ...]
     draft_len: int
+    draft_ms: tuple[float, ...] = ()   # one batched drafter pass per batch size (empty: not profiled)
 
     def monotone(self) -> CostTable:
         """Costs made non-decreasing along ratio and batch size (removes timing noise inversions)."""
         a = np.asarray(self.ms, dtype=np.float64)
         a = np.maximum.accumulate(a, axis=1)
         a = np.maximum.accumulate(a, axis=0)
-        return CostTable(self.batch_sizes, self.ratios, tuple(tuple(float(x) for x in r) for r in a), self.draft_len)
+        d = tuple(float(x) for x in np.maximum.accumulate(np.asarray(self.draft_ms, dtype=np.float64))) \
+            if self.draft_ms else ()
+        return CostTable(self.batch_sizes, self.ratios, tuple(tuple(float(x) for x in r) for r in a), self.draft_len, d)
 
     @functools.cached_property
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -113,22 +116,52 @@ class CostTable:
         out = np.where(bs > bss[-1], col[-1, q] * bs / bss[-1], out)
         return np.where(bs <= 0, 0.0, out).reshape(shape)
 
+    @functools.cached_property
+    def _memo(self) -> dict[tuple[int, float], float]:
+        return {}
+
     def cost(self, bs: int, frac: float) -> float:
-        """Predicted verify time (ms) for `bs` rows keeping a fraction `frac` of the drafted positions."""
-        return float(self.cost_many(np.array([bs]), np.array([frac]))[0])
+        """Predicted verify time (ms) for `bs` rows keeping a fraction `frac` of the drafted positions
+        (memoised: the batcher asks for the same few points every step)."""
+        key = (int(bs), round(float(frac), 4))
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            hit = self._memo[key] = float(self.cost_many(np.array([key[0]]), np.array([key[1]]))[0])
+        return hit
+
+    def draft_cost(self, bs: int) -> float | None:
+        """Predicted drafter pass time (ms) for `bs` rows: linear in batch size between profiled sizes,
+        proportional beyond the largest; None when drafting was not profiled."""
+        if not self.draft_ms or bs <= 0:
+            return None if not self.draft_ms else 0.0
+        bss = self.batch_sizes
+        if bs >= bss[-1]:
+            return self.draft_ms[-1] * bs / bss[-1]
+        return float(np.interp(bs, bss, self.draft_ms))
+
+    def with_draft_ms(self, draft_ms: Sequence[float]) -> CostTable:
+        if len(draft_ms) != len(self.batch_sizes):
+            raise ValueError("draft costs need one value per profiled batch size")
+        return CostTable(self.batch_sizes, self.ratios, self.ms, self.draft_len, tuple(float(x) for x in draft_ms))
 
     def to_dict(self) -> dict:
-        return {"batch_sizes": list(self.batch_sizes), "ratios": list(self.ratios),
-                "ms": [list(r) for r in self.ms], "draft_len": self.draft_len}
+        d = {"batch_sizes": list(self.batch_sizes), "ratios": list(self.ratios),
+             "ms": [list(r) for r in self.ms], "draft_len": self.draft_len}
+        if self.draft_ms:
+            d["draft_ms"] = list(self.draft_ms)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CostTable:
         ms = tuple(tuple(float(x) for x in r) for r in d["ms"])
         bs = tuple(int(b) for b in d["batch_sizes"])
         ratios = tuple(float(r) for r in d["ratios"])
-        if len(ms) != len(bs) or any(len(r) != len(ratios) for r in ms) or not bs:
+        draft = tuple(float(x) for x in d.get("draft_ms", ()))
+        if len(ms) != len(bs) or any(len(r) != len(ratios) for r in ms) or not bs or (draft and len(draft) != len(bs)):
             raise ValueError("malformed D-Cut cost table")
-        return cls(bs, ratios, ms, int(d["draft_len"]))
+        return cls(bs, ratios, ms, int(d["draft_len"]), draft)
 
     @classmethod
     def linear(cls, draft_len: int, base_ms: float = 1.0, per_token_ms: float = 0.1,
@@ -284,7 +317,7 @@ def calibrate(cal: Calibration, raw: np.ndarray, keep: Sequence[int], accepted: 
 # profiling (I/O at the edge)
 
 
-def machine_key(threads: int, draft_len: int) -> str:
+def machine_key(threads: int, draft_len: int, drafter: str = "") -> str:
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -293,7 +326,8 @@ def machine_key(threads: int, draft_len: int) -> str:
                 break
     except OSError:
         pass
-    return f"{platform.system()}-{platform.machine()}|{cpu}|threads={threads}|draft_len={draft_len}"
+    key = f"{platform.system()}-{platform.machine()}|{cpu}|threads={threads}|draft_len={draft_len}"
+    return f"{key}|drafter={drafter}" if drafter else key
 
 
 def profile_path(model_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
@@ -329,7 +363,7 @@ def save_profile(path: Path, key: str, table: CostTable) -> None:
 
 
 def profile_verify_cost(target, draft_len: int, batch_sizes: Sequence[int] = PROFILE_BATCH_SIZES,
-                        ratios: Sequence[float] = PROFILE_RATIOS, context: int = 128, reps: int = 3,
+                        ratios: Sequence[float] = PROFILE_RATIOS, context: int = 128, reps: int = 5,
                         capture: Sequence[int] = ()) -> CostTable:
     """Time one verify forward (target + LM head) for each (batch size, ratio): median of `reps`."""
     import torch
@@ -361,16 +395,52 @@ def profile_verify_cost(target, draft_len: int, batch_sizes: Sequence[int] = PRO
     return CostTable(tuple(batch_sizes), tuple(ratios), tuple(rows), draft_len).monotone()
 
 
+def profile_draft_cost(decoder, k: int, batch_sizes: Sequence[int], context: int = 128, reps: int = 3,
+                       new_positions: int = 3) -> tuple[float, ...]:
+    """Time one batched drafter pass (`decoder.draft(slots, k)`) per batch size: rows of `context`
+    committed tokens plus `new_positions` freshly committed ones, the context a drafter ingests after a
+    typical step. Uses the decoder's own slots 0..bs-1 and releases them: call before serving."""
+    import torch
+
+    from engines.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    V = decoder.target.config.vocab_size
+    out = []
+    for bs in batch_sizes:
+        slots = list(range(bs))
+        for s in slots:
+            decoder.prefill(s, torch.randint(3, V, (context,), generator=gen).tolist(), SamplingParams())
+        times = []
+        for i in range(reps + 1):
+            for _ in range(new_positions):     # plain steps commit tokens the next draft ingests
+                decoder.verify(slots, None, [0] * bs)
+            t0 = time.perf_counter()
+            decoder.draft(slots, k)
+            if i:  # first run is warm-up
+                times.append((time.perf_counter() - t0) * 1000.0)
+        for s in slots:
+            decoder.release(s)
+        out.append(float(np.median(times)))
+    return tuple(out)
+
+
 def load_or_profile(target, model_dir: str | Path | None, draft_len: int, threads: int,
-                    cache_dir: str | Path | None = None, **kw) -> CostTable:
-    """Cached profile keyed by machine, thread count and draft length; re-profiled when missing."""
-    key = machine_key(threads, draft_len)
+                    cache_dir: str | Path | None = None, decoder=None, **kw) -> CostTable:
+    """Cached profile keyed by machine, thread count, draft length (and drafter, when `decoder` is
+    given: its drafting time per batch size is profiled too); re-profiled when missing."""
+    drafter = getattr(decoder, "drafter", None)
+    tag = f"{drafter.kind}" if drafter is not None else ""
+    key = machine_key(threads, draft_len, tag)
     path = profile_path(model_dir, cache_dir) if model_dir is not None else None
     if path is not None:
         table = load_profile(path, key)
-        if table is not None:
+        if table is not None and (drafter is None or table.draft_ms):
             return table
     table = profile_verify_cost(target, draft_len, **kw)
+    if drafter is not None:
+        ctx = min(int(kw.get("context", 128)), decoder.max_len - 4 * 4 - 2)
+        table = table.with_draft_ms(profile_draft_cost(decoder, draft_len, table.batch_sizes, context=ctx)).monotone()
     if path is not None:
         with contextlib.suppress(OSError):
             save_profile(path, key, table)
@@ -390,11 +460,12 @@ def drafting_pays(expected: float, verify_ms: float, draft_ms: float, bs: int, a
     return expected / max(verify_ms + draft_ms, 1e-9) * (1.0 + margin) >= bs / max(ar_ms, 1e-9)
 
 
-MAX_SKIP = 32
+PROBE_FIRST, PROBE_MAX = 8, 1024    # plain steps between probes: PROBE_FIRST x batch size, doubling
+PROBE_ROWS = 1                      # rows a probe drafts for (the rest of the batch takes a plain step)
 
 
 def bs_bucket(bs: int) -> int:
-    """Power-of-two bucket of a batch size (measured step rates are kept per bucket)."""
+    """Power-of-two bucket of a batch size (plain-step runs and probe intervals are kept per bucket)."""
     return 1 << max(0, int(bs) - 1).bit_length()
 
 
@@ -402,25 +473,32 @@ def bs_bucket(bs: int) -> int:
 class DcutController:
     """Owned by the batcher's loop thread; `enabled` may be flipped from any thread (live switch).
 
-    Besides choosing keep per step it decides whether drafting pays at all: when even the best
-    selection is predicted slower than a plain decoding step (draft time included), the next steps
-    skip the drafter (plain steps; the drafter catches up on the committed context at the next draft),
-    probing again after 1, 2, 4, ... up to MAX_SKIP steps."""
+    Besides choosing keep per step it decides, before drafting, whether drafting pays at the current
+    batch size, from the cost model: profiled drafting and verify times (scaled by what drafted steps
+    measure) and the tokens per row that drafted steps actually emitted. Where it does not pay the
+    batcher runs plain decoding steps (the drafter catches up on the committed context at its next
+    pass), with a speculative probe after 32, 64, ... up to 1024 plain steps so that the acceptance
+    estimate stays current. (Measured whole-step rates were tried as the arbiter: one step's time
+    swings with the drafter's catch-up on a new prompt, and the decision flapped.)"""
 
     table: CostTable
     k: int
     enabled: bool = True
     ratios: tuple[float, ...] = RATIOS
     calibration: Calibration = field(init=False)
-    overhead_ms: float = 0.0          # EMA of the non-verify part of a step (draft, bookkeeping)
+    overhead_ms: float = 0.0          # EMA of the non-verify part of a drafted step (draft, selection)
     cost_scale: float = 1.0           # EMA of measured / predicted verify time
+    draft_scale: float = 1.0          # EMA of measured / profiled drafting time (steady-state steps)
     kept_fraction_ema: float = 1.0
+    tokens_per_row_ema: float = 0.0   # tokens emitted per row on drafted steps (0: none observed yet)
     skip_drafting: bool = True        # allow plain steps when drafting does not pay
-    skip_left: int = 0
-    backoff: int = 1
+    probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
+    probe_rows: int = PROBE_ROWS
     skipped_steps: int = 0
-    since_plain: int = 0
-    rates: dict = field(default_factory=dict)   # bs bucket -> {"spec": tok/ms EMA, "plain": tok/ms EMA}
+    cursor: int = 0                   # rotates the rows a probe drafts for
+    unmeasured_seen: int = 0
+    plain_run: dict = field(default_factory=dict)    # bs bucket -> plain steps since the last probe
+    probe_every: dict = field(default_factory=dict)  # bs bucket -> plain steps between probes
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -429,65 +507,83 @@ class DcutController:
     def set_enabled(self, on: bool) -> None:
         with self._lock:
             self.enabled = bool(on)
-            self.skip_left, self.backoff = 0, 1
+            self.plain_run.clear()
+            self.probe_every.clear()
 
-    def should_draft(self, bs: int = 0) -> bool:
-        """False for a plain step: inside a skip window, or as an occasional probe that measures plain
-        steps at this batch size (after 16 drafted steps without a measurement, then every 64)."""
-        if not self.enabled:
-            return True
-        if self.skip_left > 0:
-            self.skip_left -= 1
-            self.skipped_steps += 1
-            return False
-        if not self.skip_drafting:
-            return True
-        self.since_plain += 1
-        known = "plain" in self.rates.get(bs_bucket(bs), {}) if bs else True
-        if (not known and self.since_plain >= 16) or self.since_plain >= 64:
-            self.since_plain = 0
-            self.skipped_steps += 1
-            return False
-        return True
+    def draft_ms(self, bs: int) -> float:
+        """Predicted drafting time of one step at batch size `bs` (profile x measured scale, else the
+        measured non-verify overhead)."""
+        d = self.table.draft_cost(bs)
+        return self.overhead_ms if d is None else d * self.draft_scale
 
-    def record_step(self, bs: int, drafted: bool, tokens: int, step_ms: float) -> None:
-        """Measured throughput of a whole decode step (draft + select + verify), per batch-size bucket."""
-        if step_ms <= 0 or bs <= 0:
-            return
-        r = self.rates.setdefault(bs_bucket(bs), {})
-        key = "spec" if drafted else "plain"
-        rate = tokens / step_ms
-        r[key] = rate if key not in r else 0.8 * r[key] + 0.2 * rate
-        if not drafted:
-            self.since_plain = 0
+    def pays(self, bs: int, tokens_per_row: float | None = None) -> bool:
+        """Expected speculative tokens/ms (`tokens_per_row` per drafted row: by default the observed
+        average, or an optimistic prior of half the drafts accepted before any observation) against a
+        plain step's, both from the cost model."""
+        tpr = tokens_per_row or self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+        verify = self.table.cost(bs, self.kept_fraction_ema) * self.cost_scale
+        plain = self.table.cost(bs, 0.0) * self.cost_scale
+        return drafting_pays(bs * tpr, verify, self.draft_ms(bs), bs, plain)
+
+    def rows_to_draft(self, row_tokens: Sequence[float | None]) -> list[int]:
+        """Which running rows this step drafts for, given each row's own tokens per drafted step (None:
+        not measured yet; the average stands in). All of them where drafting pays for the batch; none
+        (a plain step) where it does not, except every `probe_every` plain steps a probe drafting for
+        `probe_rows` rows (unmeasured rows first, else rotating), which keeps the estimates current
+        at little cost. The probe interval starts at `probe_first` x batch size (one row's estimate
+        matters less in a bigger batch) and doubles up to PROBE_MAX while drafting keeps losing; a
+        newly admitted row restarts it."""
+        bs = len(row_tokens)
+        if not self.enabled or not self.skip_drafting or bs <= 0:
+            return list(range(bs))
+        default = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+        est = [t if t is not None else default for t in row_tokens]
+        b = bs_bucket(bs)
+        if self.pays(bs, sum(est) / bs):
+            self.probe_every.pop(b, None)
+            self.plain_run.pop(b, None)
+            return list(range(bs))
+        first = self.probe_first * bs
+        unmeasured = [i for i, t in enumerate(row_tokens) if t is None]
+        if unmeasured and self.unmeasured_seen < len(unmeasured):   # a new row: probe it soon
+            self.probe_every[b] = min(self.probe_every.get(b, first), first)
+        self.unmeasured_seen = len(unmeasured)
+        n = self.plain_run.get(b, 0) + 1
+        every = self.probe_every.get(b, first)
+        if n > every:                                  # probe after `every` plain steps
+            self.plain_run[b] = 0
+            self.probe_every[b] = min(2 * every, PROBE_MAX)
+            self.cursor += 1
+            order = unmeasured + [(self.cursor + i) % bs for i in range(bs)]
+            return sorted(list(dict.fromkeys(order))[:min(self.probe_rows, bs)])
+        self.plain_run[b] = n
+        self.skipped_steps += 1
+        return []
 
     def select(self, conf: np.ndarray, forced: Sequence[bool]) -> tuple[Selection, np.ndarray]:
         """-> (selection, raw prefix products for `observe`)."""
         raw = prefix_scores(conf)
         scores = prefix_scores(conf, self.calibration.factors())
-        sel = select_keep(scores, self.table, forced, self.ratios, self.overhead_ms / self.cost_scale)
+        sel = select_keep(scores, self.table, forced, self.ratios, self.draft_ms(conf.shape[0]) / self.cost_scale)
         return sel, raw
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
                 overhead_ms: float | None = None, verify_ms: float | None = None,
                 sel: Selection | None = None) -> None:
+        """After a drafted step. `overhead_ms` (the drafting part) should be passed only for
+        steady-state steps, not ones where the drafter caught up on a long backlog of context."""
         self.calibration = calibrate(self.calibration, raw, keep, accepted)
         self.kept_fraction_ema = 0.95 * self.kept_fraction_ema + 0.05 * kept_fraction
+        bs = len(keep)
+        if bs:
+            tpr = 1.0 + sum(accepted) / bs
+            self.tokens_per_row_ema = tpr if self.tokens_per_row_ema == 0.0 else 0.9 * self.tokens_per_row_ema + 0.1 * tpr
         if overhead_ms is not None:
             self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
+            predicted = self.table.draft_cost(bs)
+            if predicted:
+                ratio = min(max(overhead_ms / predicted, 0.25), 4.0)
+                self.draft_scale = 0.9 * self.draft_scale + 0.1 * ratio
         if verify_ms is not None and sel is not None and sel.cost_ms > 0:
-            ratio = min(max(verify_ms / sel.cost_ms, 0.1), 10.0)
+            ratio = min(max(verify_ms / sel.cost_ms, 0.25), 4.0)
             self.cost_scale = 0.9 * self.cost_scale + 0.1 * ratio
-        if sel is not None and self.skip_drafting:
-            bs = len(keep)
-            measured = self.rates.get(bs_bucket(bs), {})
-            if "spec" in measured and "plain" in measured:   # both measured at this batch size: trust them
-                pays = measured["spec"] * 1.02 >= measured["plain"]
-            else:                                            # else the cost model's prediction
-                ar_ms = self.table.cost(bs, 0.0) * self.cost_scale
-                pays = drafting_pays(sel.expected_tokens, sel.cost_ms * self.cost_scale, self.overhead_ms, bs, ar_ms)
-            if pays:
-                self.backoff = 1
-            else:
-                self.skip_left = self.backoff
-                self.backoff = min(2 * self.backoff, MAX_SKIP)

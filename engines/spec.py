@@ -54,22 +54,23 @@ class SlotStats:
 
 @dataclass
 class _Pending:
-    """Target features of committed positions the drafter has not seen yet."""
+    """Target features of committed positions the drafter has not seen yet (tensors are built only
+    when the drafter takes them: plain steps, which D-Cut may run for a long time, stay cheap)."""
     feats: list[Tensor] = field(default_factory=list)        # each [t, F]
-    positions: list[Tensor] = field(default_factory=list)    # each [t]
-    next_tokens: list[Tensor] = field(default_factory=list)  # each [t]
+    starts: list[int] = field(default_factory=list)          # first position of each chunk
+    next_tokens: list[int] = field(default_factory=list)     # committed token after each position
 
     def append(self, feats: Tensor, start: int, next_tokens: Sequence[int]) -> None:
-        t = feats.shape[0]
         self.feats.append(feats)
-        self.positions.append(torch.arange(start, start + t))
-        self.next_tokens.append(torch.tensor(list(next_tokens), dtype=torch.long))
+        self.starts.append(start)
+        self.next_tokens.extend(next_tokens)
 
     def take(self) -> tuple[Tensor, Tensor, Tensor] | None:
         if not self.feats:
             return None
-        out = torch.cat(self.feats), torch.cat(self.positions), torch.cat(self.next_tokens)
-        self.feats, self.positions, self.next_tokens = [], [], []
+        positions = torch.cat([torch.arange(s, s + f.shape[0]) for s, f in zip(self.starts, self.feats, strict=True)])
+        out = torch.cat(self.feats), positions, torch.tensor(self.next_tokens, dtype=torch.long)
+        self.feats, self.starts, self.next_tokens = [], [], []
         return out
 
 
@@ -117,6 +118,7 @@ class SpecDecoder:
         self._feat_dim = 0
         self.sample_drafts = sample_drafts
         self._draft_gen = torch.Generator().manual_seed(0)   # batched sampled drafting
+        self.last_ingest = 0            # widest row of new context the last `draft` handed the drafter
 
     # --- request lifecycle -------------------------------------------------------------------
     def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -213,6 +215,7 @@ class SpecDecoder:
         states = [self._ready(s) for s in slots]
         taken = [st.pending.take() for st in states]
         T = max((t[0].shape[0] for t in taken if t is not None), default=0)
+        self.last_ingest = T
         B, F = len(slots), self._feat_dim
         feats = torch.zeros(B, T, F)
         positions = torch.zeros(B, T, dtype=torch.long)

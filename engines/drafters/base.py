@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from engines.drafters.head import DraftHead
 from engines.model import ForwardOut, Transformer
 
 
@@ -48,14 +49,22 @@ class Proposal:
 
 class Drafter(nn.Module):
     """Base class. Subclasses hold their own weights; the target's embedding and LM head are
-    shared (frozen, passed in at construction, never saved in the drafter's files)."""
+    shared (frozen, passed in at construction, never saved in the drafter's files).
+
+    `draft_vocab` ([N] token ids, saved with the drafter; empty = full vocabulary) restricts what
+    drafting proposes to the target's frequent tokens; `head_dtype` is the precision of the drafting
+    LM head (None: the target's). Both only change drafting speed and acceptance, never the output.
+    Training and `draft_logits` always use the exact full head."""
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, target: Transformer) -> None:
+    def __init__(self, target: Transformer, draft_vocab_size: int = 0) -> None:
         super().__init__()
         # kept out of the module tree so state_dict() never includes target weights
         object.__setattr__(self, "target", target)
+        self.register_buffer("draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.head_dtype: torch.dtype | None = None
+        self._head: DraftHead | None = None
 
     # --- what the drafter needs from the target -------------------------------------------------
     @property
@@ -89,4 +98,33 @@ class Drafter(nn.Module):
         return self.target.embed(tokens)
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
+        """The exact full LM head (training, teacher-forced evaluation): [.., H] -> [.., V] fp32."""
         return self.target.logits(hidden)
+
+    def set_draft_vocab(self, ids: Tensor) -> None:
+        """Replace the draft vocabulary ([N] token ids; empty or all V ids: full vocabulary)."""
+        ids = ids.long().flatten()
+        if ids.numel() >= self.target.config.vocab_size:
+            ids = ids[:0]
+        self.draft_vocab = ids.to(self.draft_vocab.device)
+        cfg = getattr(self, "cfg", None)   # every drafter's DraftConfig records the size
+        if cfg is not None:
+            self.cfg = cfg.model_copy(update={"draft_vocab_size": int(ids.numel())})
+        self._head = None
+
+    def configure_head(self, dtype: torch.dtype | None = None) -> None:
+        """Precision of the drafting LM head (None: the target's, exact)."""
+        self.head_dtype = dtype
+        self._head = None
+
+    @property
+    def draft_head(self) -> DraftHead:
+        """The drafting LM head (built lazily from the target; dropped by train()/eval())."""
+        if self._head is None:
+            dtype = self.head_dtype or self.target.lm_head.weight.dtype
+            self._head = DraftHead.build(self.target.lm_head.weight, self.draft_vocab, dtype)
+        return self._head
+
+    def train(self, mode: bool = True) -> Drafter:
+        self._head = None   # the weights may change: rebuild lazily
+        return super().train(mode)

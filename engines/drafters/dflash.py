@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.drafters.layers import DraftConfig, DraftLayer, empty_proposal, write_valid
-from engines.drafters.layers import pick_tokens as _pick
 from engines.model import ForwardOut, KVCache, RMSNorm, Transformer, init_weights, rope_cos_sin
 
 
@@ -34,7 +33,7 @@ class DFlashDrafter(Drafter):
     kind = "dflash"
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
-        super().__init__(target)
+        super().__init__(target, cfg.draft_vocab_size)
         if cfg.mask_token_id is None or cfg.block_size < 2 or not cfg.target_layer_ids:
             raise ValueError("block drafters need mask_token_id, block_size >= 2 and target_layer_ids")
         self.cfg = cfg
@@ -146,7 +145,8 @@ class DFlashDrafter(Drafter):
         if k <= 0:
             return empty_proposal(ctx.slots.shape[0])
         h = self.block_hidden(ctx)[:, 1:k + 1]                  # [B, k, H]
-        logits = self.lm_logits(h)                              # [B, k, V]
+        head = self.draft_head
+        logits = head.logits(h)                                 # [B, k, N]
         B = h.shape[0]
-        tok, conf, probs = _pick(logits.reshape(B * k, -1), temperature, top_p, self.sample_drafts, generator)
+        tok, conf, probs = head.pick(logits.reshape(B * k, -1), temperature, top_p, self.sample_drafts, generator)
         return Proposal(tok.view(B, k), conf.view(B, k), None if probs is None else probs.view(B, k, -1))

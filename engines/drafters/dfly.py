@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from engines.drafters.base import DraftContext, Proposal
 from engines.drafters.dflash import DFlashDrafter
-from engines.drafters.layers import DraftConfig, empty_proposal, pick_tokens
+from engines.drafters.layers import DraftConfig, empty_proposal
 from engines.model import RMSNorm, Transformer
 
 
@@ -64,7 +64,8 @@ class DFlyDrafter(DFlashDrafter):
 
     def train(self, mode: bool = True) -> DFlyDrafter:
         self._table: Tensor | None = None  # weights may change: rebuild the lookup table lazily
-        return super().train(mode)
+        super().train(mode)
+        return self
 
     def embedding_table(self) -> Tensor:
         """[V, 2I]: the E[prev] half of gate/up for every token, so the drafting loop only gathers."""
@@ -82,28 +83,30 @@ class DFlyDrafter(DFlashDrafter):
         if k <= 0:
             return empty_proposal(B)
         h = self.block_hidden(ctx)[:, 1:k + 1]       # [B, k, H]
-        c = self.correction
+        c, head = self.correction, self.draft_head
         pre = c.pre(h)                               # [B, k, 2I]
         prev = ctx.last_token
         if self.sample_drafts and temperature > 0.0:
             toks, confs, probs = [], [], []
             for j in range(k):
                 hj = c(h[:, j], pre[:, j], self.embed(prev))
-                prev, conf, p = pick_tokens(self.lm_logits(hj), temperature, top_p, True, generator)
+                prev, conf, p = head.pick(head.logits(hj), temperature, top_p, True, generator)
                 toks.append(prev)
                 confs.append(conf)
                 probs.append(p)
             return Proposal(torch.stack(toks, 1), torch.stack(confs, 1), torch.stack(probs, 1))  # type: ignore[arg-type]
-        # greedy: per slot one gather, SwiGLU, down_proj, LM head and argmax
+        # greedy: per slot one gather, SwiGLU, down_proj, drafting head and argmax. (Solving the
+        # recurrence by batched fixed-point passes was tried: the correction head keeps changing later
+        # slots, so it needed ~k passes of k slots each and was slower than this loop.)
         table = self.embedding_table()
         I2 = table.shape[1] // 2
-        toks_t = torch.empty(B, k, dtype=torch.long)
+        idx = torch.empty(B, k, dtype=torch.long)                          # draft-vocabulary indices
         logits = []
         for j in range(k):
             gu = pre[:, j] + table[prev]                                   # [B, 2I]
-            z = self.lm_logits(h[:, j] + c.down_proj(F.silu(gu[:, :I2]) * gu[:, I2:]))
-            prev = z.argmax(-1)
-            toks_t[:, j] = prev
+            z = head.logits(h[:, j] + c.down_proj(F.silu(gu[:, :I2]) * gu[:, I2:]))   # [B, N]
+            idx[:, j] = z.argmax(-1)
+            prev = head.tokens(idx[:, j])
             logits.append(z)
-        conf = torch.softmax(torch.stack(logits, 1), -1).gather(-1, toks_t[..., None]).squeeze(-1)
-        return Proposal(toks_t, conf)
+        conf = torch.softmax(torch.stack(logits, 1), -1).gather(-1, idx[..., None]).squeeze(-1)
+        return Proposal(head.tokens(idx), conf)

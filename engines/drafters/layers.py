@@ -58,6 +58,7 @@ class DraftConfig(BaseModel):
     num_draft: int = 3                                           # mtp: default chain length k
     fusion: bool = False                                         # per-layer blend of target layers (dfly)
     correction_intermediate_size: int = 0                       # dfly: correction head width (0 = none)
+    draft_vocab_size: int = Field(default=0, ge=0)               # drafting head rows (0 = full vocabulary)
     target_fingerprint: str | None = None
     torch_dtype: str = "bfloat16"
 
@@ -128,21 +129,6 @@ def last_valid_index(valid: Tensor) -> Tensor:
     if bool((n == 0).any()):
         raise ValueError("every row of a DraftContext needs at least one newly committed position")
     return n - 1
-
-
-def pick_tokens(logits: Tensor, temperature: float, top_p: float, sample_drafts: bool,
-                generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """logits [B, V] -> (token [B], conf [B], probs [B, V] | None).
-    Greedy unless the drafter samples drafts and temperature > 0; conf = draft prob of the token."""
-    from engines.sampling import logits_to_probs, sample
-
-    if sample_drafts and temperature > 0.0:
-        probs = logits_to_probs(logits, temperature, top_p)
-        tok = sample(probs, generator)
-        return tok, probs.gather(-1, tok[:, None]).squeeze(-1), probs
-    p = torch.softmax(logits.float(), dim=-1)
-    conf, tok = p.max(-1)
-    return tok, conf, None
 
 
 def freeze(target: Transformer) -> None:

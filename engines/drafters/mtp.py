@@ -22,7 +22,6 @@ from engines.drafters.layers import (
     KVFn,
     empty_proposal,
     last_valid_index,
-    pick_tokens,
     write_valid,
 )
 from engines.model import ForwardOut, KVCache, RMSNorm, Transformer, causal_mask, init_weights, rope_cos_sin
@@ -34,7 +33,7 @@ class MTPDrafter(Drafter):
     kind = "mtp"
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
-        super().__init__(target)
+        super().__init__(target, cfg.draft_vocab_size)
         self.cfg = cfg
         H = cfg.hidden_size
         self.enorm = RMSNorm(H, cfg.rms_norm_eps)
@@ -109,11 +108,12 @@ class MTPDrafter(Drafter):
         pos = (ctx.start - 1)[:, None]               # [B, 1]
         toks, confs, probs = [], [], []
         ones = torch.ones(B, 1, dtype=torch.bool)
+        head, norm = self.draft_head, self.target.model.norm
         for s in range(k):
             if s:
                 pos = pos + 1
                 h = self.step(h, toks[-1][:, None], pos, self._cache_kv(ctx.slots, pos, ones))
-            t, c, p = pick_tokens(self.head(h[:, 0]), temperature, top_p, self.sample_drafts, generator)
+            t, c, p = head.pick(head.logits(norm(h[:, 0])), temperature, top_p, self.sample_drafts, generator)
             toks.append(t)
             confs.append(c)
             probs.append(p)

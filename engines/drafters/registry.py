@@ -67,7 +67,8 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = tor
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items()}
+    state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
+             for k, v in drafter.state_dict().items() if v.numel()}   # an empty draft vocabulary: none
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg: DraftConfig = drafter.cfg  # type: ignore[assignment]
     (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
@@ -94,9 +95,11 @@ def check_compatible(cfg: DraftConfig, target: Transformer, where: str) -> None:
         raise UserError(f"drafter {where} does not match the target: {'; '.join(problems)}")
 
 
-def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_size: int | None = None) -> Drafter:
+def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_size: int | None = None,
+                 head_dtype: torch.dtype | None = torch.bfloat16) -> Drafter:
     """Read `model_dir/drafters/<kind>/`, validate it against `target`, share the target's
-    embedding/LM head; block drafters optionally run at `block_size` instead of their default."""
+    embedding/LM head; block drafters optionally run at `block_size` instead of their default.
+    `head_dtype`: precision of the drafting LM head (bf16 by default; None: the target's, exact)."""
     from safetensors.torch import load_file
 
     if kind not in DRAFTERS:
@@ -118,10 +121,19 @@ def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_si
     except ValueError as exc:
         raise UserError(f"{cfg_path}: {exc}") from None
     state = load_file(str(weights))
+    n_vocab = state["draft_vocab"].numel() if "draft_vocab" in state else 0
+    if n_vocab != cfg.draft_vocab_size:
+        raise UserError(f"{weights}: draft vocabulary has {n_vocab} ids, config.json says {cfg.draft_vocab_size}")
     missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if cfg.draft_vocab_size == 0:   # bundles from before draft vocabularies: full vocabulary
+        missing = [m for m in missing if m != "draft_vocab"]
     if missing or unexpected:
         raise UserError(f"{weights}: weights do not match config (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
     drafter = drafter.to(target.model.embed_tokens.weight.dtype).eval()
+    vocab = drafter.draft_vocab
+    if vocab.numel() and (int(vocab.min()) < 0 or int(vocab.max()) >= target.config.vocab_size):
+        raise UserError(f"{weights}: draft vocabulary has token ids outside the target's vocabulary")
+    drafter.configure_head(head_dtype)
     if block_size is not None:
         if kind == "mtp":
             if block_size < 1:

@@ -1,4 +1,4 @@
-"""`specroute train {tokenizer,target,mtp,dflash,dfly} --preset demo --out DIR`."""
+"""`specroute train {tokenizer,target,mtp,dflash,dfly,draft-vocab,card} --preset demo --out DIR`."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ DRAFTER_KINDS = ("mtp", "dflash", "dfly")
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specroute train", description=__doc__)
-    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS, "card"))
+    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS, "draft-vocab", "card"))
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--out", type=Path, default=Path("models/demo"),
                     help="bundle directory (drafters go to OUT/drafters/<kind>/)")
     ap.add_argument("--work", type=Path, default=None,
                     help="checkpoints and caches (default: OUT/.work, git-ignored)")
     ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    ap.add_argument("--size", type=int, default=2048,
+                    help="draft-vocab: tokens drafters may propose (the target's most frequent outputs)")
     return ap
 
 
@@ -36,6 +38,11 @@ def main(argv: list[str]) -> int:
         from engines.training.card import write_card
 
         print(f"wrote {write_card(args.out)}")
+        return 0
+    if args.what == "draft-vocab":
+        from engines.training.draft_vocab import build_draft_vocab
+
+        print(json.dumps(build_draft_vocab(args.out, args.size), indent=1))
         return 0
     if args.what == "target":
         from engines.training.target import PRESETS, train_target

@@ -155,23 +155,79 @@ def test_cost_many_matches_scalar_cost():
     assert [t.cost(int(b), float(f)) for b, f in zip(bs[1:], fr[1:], strict=True)] == pytest.approx(many[1:])
 
 
-def test_drafting_pays_and_skip_backoff():
+def test_drafting_pays():
     from engines.dcut import drafting_pays
 
     assert drafting_pays(expected=12.0, verify_ms=10.0, draft_ms=2.0, bs=4, ar_ms=5.0)       # 1.0 vs 0.8 tok/ms
     assert not drafting_pays(expected=5.0, verify_ms=10.0, draft_ms=2.0, bs=4, ar_ms=5.0)    # 0.42 vs 0.8
+
+
+def _spec_step(ctl: DcutController, conf: np.ndarray, accepted: list[int], draft_ms: float) -> None:
+    sel, raw = ctl.select(conf, [False] * conf.shape[0])
+    ctl.observe(raw, sel.keep, accepted, sel.kept_fraction, overhead_ms=draft_ms, verify_ms=sel.cost_ms, sel=sel)
+
+
+def test_plain_steps_where_drafting_does_not_pay_with_doubling_probes():
     K = 4
-    ctl = DcutController(CostTable.linear(K, base_ms=1.0, per_token_ms=1.0), K)
-    hopeless = np.full((2, K), 0.01)
-    skips = []
-    for _ in range(4):
-        assert ctl.should_draft()
-        sel, raw = ctl.select(hopeless, [False, False])
-        ctl.observe(raw, sel.keep, [0, 0], sel.kept_fraction, overhead_ms=5.0, verify_ms=sel.cost_ms, sel=sel)
-        n = 0
-        while not ctl.should_draft():
-            n += 1
-        skips.append(n)
-    assert skips == [1, 2, 4, 8]      # exponential backoff between probes (cost model: no measurements)
+    # compute-bound verify (every token costs) and an expensive drafter: drafting loses at batch 8
+    table = CostTable.linear(K, base_ms=1.0, per_token_ms=1.0, batch_sizes=(1, 8)).with_draft_ms((2.0, 40.0))
+    ctl = DcutController(table, K, probe_first=4)
+    _spec_step(ctl, np.full((8, K), 0.05), [0] * 8, 40.0)      # hopeless drafts observed
+    assert not ctl.pays(8)
+    decisions = [ctl.rows_to_draft([1.0] * 8) for _ in range(32 + 64 + 2)]
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes == [32, 32 + 64 + 1]                 # a probe after 4 x 8 = 32, then 64 plain steps
+    assert [len(decisions[i]) for i in probes] == [1, 1]         # ... drafting for one row only
+    assert decisions[probes[0]] != decisions[probes[1]]          # rotating
+    # a newly admitted row (not measured yet) is probed first, and soon
+    new = [1.0] * 7 + [None]
+    after = [ctl.rows_to_draft(new) for _ in range(40)]
+    assert after.index([7]) == 32
+    assert ctl.skipped_steps == len(decisions) - 2 + 39
+
+
+def test_drafting_continues_where_it_pays_and_the_switch_turns_it_on():
+    K = 4
+    table = CostTable.linear(K, base_ms=10.0, per_token_ms=0.1, batch_sizes=(1, 8)).with_draft_ms((1.0, 2.0))
+    ctl = DcutController(table, K)
+    _spec_step(ctl, np.full((1, K), 0.9), [K], 1.0)              # confident drafts, all accepted
+    assert ctl.pays(1) and all(ctl.rows_to_draft([None]) == [0] for _ in range(200))
+    # a drafter that keeps getting slower (e.g. a long context) turns drafting off at this batch size
+    for _ in range(40):
+        _spec_step(ctl, np.full((8, K), 0.9), [0] * 8, 200.0)
+    assert not ctl.pays(8) and ctl.rows_to_draft([None] * 8) == []
     ctl.set_enabled(False)
-    assert ctl.should_draft() and ctl.backoff == 1
+    assert ctl.rows_to_draft([None] * 8) == list(range(8))
+
+
+def test_rows_that_draft_well_keep_drafting_in_a_batch_that_otherwise_would_not():
+    K = 4
+    table = CostTable.linear(K, base_ms=5.0, per_token_ms=0.5, batch_sizes=(1, 8)).with_draft_ms((3.0, 6.0))
+    ctl = DcutController(table, K)
+    _spec_step(ctl, np.full((2, K), 0.3), [0, 0], 3.0)           # the average row accepts nothing
+    assert ctl.rows_to_draft([None, None]) == []
+    assert ctl.rows_to_draft([4.8, 5.0]) == [0, 1]               # these two accept almost everything
+
+
+def test_profile_records_drafting_cost_per_batch_size(tmp_path):
+    import torch
+
+    from engines.dcut import profile_draft_cost
+    from engines.drafters.registry import new_drafter
+    from engines.model import ModelConfig, Transformer, init_weights
+    from engines.spec import SpecDecoder
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    target = Transformer(cfg)
+    init_weights(target)
+    dec = SpecDecoder(target, new_drafter("dfly", target, block_size=4), 2, 48)
+    ms = profile_draft_cost(dec, 3, (1, 2), context=8, reps=1)
+    assert len(ms) == 2 and all(m > 0 for m in ms)
+    assert not dec.slots                                         # slots released for serving
+    table = load_or_profile(target, tmp_path, 3, 1, decoder=dec, batch_sizes=(1, 2), context=8, reps=1)
+    assert len(table.draft_ms) == 2
+    doc = json.loads((tmp_path / "dcut_profile.json").read_text())
+    assert machine_key(1, 3, "dfly") in doc and "draft_ms" in doc[machine_key(1, 3, "dfly")]
+    assert load_or_profile(target, tmp_path, 3, 1, decoder=dec, batch_sizes=(1, 2), context=8, reps=1) == table

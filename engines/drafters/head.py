@@ -1,0 +1,94 @@
+"""The drafting LM head: the target's LM head as drafters use it at inference.
+
+Drafters share the target's (frozen) LM head, but drafting does not need it exact: whatever the
+drafter proposes, verification keeps the output the target's. Two cheap approximations are allowed:
+
+- a reduced **draft vocabulary** (FR-Spec / EAGLE-3's draft vocab): only the rows of the N most
+  frequent tokens of the target's own outputs, so each drafted position reads N x H weights instead
+  of V x H; a token outside the set is simply never drafted (its draft probability q is 0, which
+  speculative sampling handles exactly);
+- a lower-precision copy (bf16 by default when serving), halving the bytes each draft position reads.
+
+`DraftHead` holds that copy (never saved: it is rebuilt from the target) and maps draft-vocabulary
+indices back to token ids. Shapes: N draft vocabulary, V full vocabulary, H hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from engines.sampling import logits_to_probs, sample
+
+
+@dataclass
+class DraftHead:
+    weight: Tensor          # [N, H] the target's LM-head rows for the draft vocabulary, drafting dtype
+    ids: Tensor | None      # [N] token id of row i (None: the full vocabulary, row i is token i)
+    vocab_size: int         # V
+
+    @classmethod
+    def build(cls, lm_head: Tensor, draft_vocab: Tensor | None, dtype: torch.dtype) -> DraftHead:
+        """lm_head [V, H]; draft_vocab [N] token ids (None or empty: full vocabulary)."""
+        V = lm_head.shape[0]
+        if draft_vocab is None or draft_vocab.numel() == 0:
+            return cls(lm_head.detach().to(dtype).contiguous(), None, V)
+        ids = draft_vocab.long()
+        return cls(lm_head.detach()[ids].to(dtype).contiguous(), ids, V)
+
+    @property
+    def size(self) -> int:
+        return self.weight.shape[0]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[.., H] -> [.., N] fp32."""
+        return F.linear(hidden.to(self.weight.dtype), self.weight).float()
+
+    def tokens(self, index: Tensor) -> Tensor:
+        """Draft-vocabulary indices -> token ids (same shape)."""
+        return index if self.ids is None else self.ids[index]
+
+    def full_probs(self, probs: Tensor) -> Tensor:
+        """[.., N] distribution over the draft vocabulary -> [.., V] (zero outside it)."""
+        if self.ids is None:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
+        out[..., self.ids] = probs
+        return out
+
+    def pick(self, logits: Tensor, temperature: float, top_p: float, sample: bool,
+             generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """logits [B, N] -> (token ids [B], confidence [B], full draft distribution [B, V] | None).
+        Greedy unless sampling drafts at temperature > 0; confidence = draft probability of the token."""
+        idx, conf, probs = pick_tokens(logits, temperature, top_p, sample, generator)
+        return self.tokens(idx), conf, None if probs is None else self.full_probs(probs)
+
+
+def draft_vocab_from_counts(counts: Tensor, size: int, always: Iterable[int] = ()) -> Tensor:
+    """The `size` most frequent token ids (counts [V]), `always` included (EOS and other special
+    tokens a response must be able to end with), sorted by id. size >= V means the full vocabulary."""
+    V = counts.shape[0]
+    if size <= 0 or size >= V:
+        return torch.arange(V)
+    score = counts.double().clone()
+    forced = [i for i in always if 0 <= i < V]
+    score[forced] = float("inf")
+    ids = torch.argsort(score, descending=True, stable=True)[:size]   # ties: lower id first
+    return ids.sort().values
+
+
+def pick_tokens(logits: Tensor, temperature: float, top_p: float, sample_drafts: bool,
+                generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """logits [B, V] -> (token [B], conf [B], probs [B, V] | None).
+    Greedy unless the drafter samples drafts and temperature > 0; conf = draft prob of the token."""
+    if sample_drafts and temperature > 0.0:
+        probs = logits_to_probs(logits, temperature, top_p)
+        tok = sample(probs, generator)
+        return tok, probs.gather(-1, tok[:, None]).squeeze(-1), probs
+    p = torch.softmax(logits.float(), dim=-1)
+    conf, tok = p.max(-1)
+    return tok, conf, None

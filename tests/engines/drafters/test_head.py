@@ -1,0 +1,104 @@
+"""The drafting head: draft vocabularies (choice, storage, what drafters may propose) and the bf16
+copy, which change drafting speed only: greedy speculative output stays plain greedy decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engines.drafters.head import DraftHead, draft_vocab_from_counts
+from engines.drafters.registry import load_drafter, save_drafter
+from engines.generate import ar_generate
+from engines.sampling import SamplingParams
+from engines.spec import SpecDecoder
+from specroute.errors import UserError
+
+from .test_drafters import KINDS, MAX_LEN, TINY, context, make_drafter, make_target, sequences
+
+
+def test_draft_vocab_from_counts_keeps_the_most_frequent_and_the_forced_ids():
+    counts = torch.tensor([0, 5, 1, 9, 9, 0, 3, 7])
+    assert draft_vocab_from_counts(counts, 3).tolist() == [3, 4, 7]
+    assert draft_vocab_from_counts(counts, 3, always=[0]).tolist() == [0, 3, 4]   # ties: lower id first
+    assert draft_vocab_from_counts(counts, 8).tolist() == list(range(8))
+    assert draft_vocab_from_counts(counts, 0).tolist() == list(range(8))
+
+
+def test_draft_head_maps_indices_and_distributions_back_to_the_vocabulary():
+    w = torch.randn(10, 4)
+    head = DraftHead.build(w, torch.tensor([1, 4, 7]), torch.float32)
+    h = torch.randn(2, 4)
+    torch.testing.assert_close(head.logits(h), h @ w[[1, 4, 7]].T)
+    assert head.tokens(torch.tensor([0, 2])).tolist() == [1, 7]
+    full = head.full_probs(torch.tensor([[0.2, 0.3, 0.5]]))
+    assert full.shape == (1, 10) and full[0, [1, 4, 7]].tolist() == pytest.approx([0.2, 0.3, 0.5])
+    assert float(full.sum()) == pytest.approx(1.0)
+    assert DraftHead.build(w, None, torch.bfloat16).weight.dtype == torch.bfloat16
+
+
+VOCAB = torch.tensor(sorted({0, 1, 2, *range(3, TINY.vocab_size, 3)}))   # ~1/3 of the vocabulary
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_restricted_drafter_proposes_only_draft_vocabulary_tokens(kind):
+    target = make_target()
+    d = make_drafter(kind, target)
+    d.set_draft_vocab(VOCAB)
+    assert d.cfg.draft_vocab_size == len(VOCAB)
+    d.allocate(2, MAX_LEN)
+    ctx = context(target, d, sequences([12, 9]), [0, 0], [10, 7], slots=[0, 1])
+    p = d.propose(ctx, 4)
+    assert torch.isin(p.tokens, VOCAB).all()
+    d.sample_drafts = True
+    d.allocate(2, MAX_LEN)
+    ctx = context(target, d, sequences([12, 9]), [0, 0], [10, 7], slots=[0, 1])
+    p = d.propose(ctx, 3, temperature=0.9, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    assert p.probs is not None and p.probs.shape[-1] == TINY.vocab_size
+    outside = torch.ones(TINY.vocab_size, dtype=torch.bool)
+    outside[VOCAB] = False
+    assert float(p.probs[..., outside].abs().sum()) == 0.0
+    torch.testing.assert_close(p.probs.sum(-1), torch.ones(2, 3))
+    torch.testing.assert_close(p.probs.gather(-1, p.tokens[..., None]).squeeze(-1), p.conf)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_restricted_bf16_drafting_stays_lossless(kind):
+    target = make_target()
+    d = make_drafter(kind, target)
+    d.set_draft_vocab(VOCAB)
+    d.configure_head(torch.bfloat16)
+    dec = SpecDecoder(target, d, num_slots=1, max_len=MAX_LEN)
+    for prompt in sequences([9, 14, 5], seed=11):
+        ref = ar_generate(target, _Tok(), prompt, SamplingParams(), max_tokens=24, max_len=MAX_LEN).token_ids
+        y = [dec.prefill(0, prompt, SamplingParams())]
+        while len(y) < 24:
+            y += dec.verify([0], dec.draft([0], 3), [3])[0]
+        dec.release(0)
+        assert y[:24] == ref
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_draft_vocabulary_round_trips_and_mismatches_are_user_errors(kind, tmp_path):
+    target = make_target()
+    d = make_drafter(kind, target)
+    d.set_draft_vocab(VOCAB)
+    out = save_drafter(d, tmp_path / "drafters" / kind)
+    loaded = load_drafter(kind, tmp_path, target)
+    assert torch.equal(loaded.draft_vocab, VOCAB) and loaded.head_dtype == torch.bfloat16
+    assert loaded.draft_head.size == len(VOCAB)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["draft_vocab_size"] = 5
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="draft vocabulary"):
+        load_drafter(kind, tmp_path, target)
+
+
+class _Tok:
+    """Enough of a tokenizer for `ar_generate` (no stop strings)."""
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
