@@ -58,7 +58,9 @@ class AcceptanceRow(BaseModel):
     verify_ms: float                # mean per step
     tokens_per_s: float             # median over prompts of decode tokens/s (after the first token)
     ar_tokens_per_s: float
-    speedup: float                  # tokens_per_s / ar_tokens_per_s
+    speedup: float                  # tokens_per_s / ar_tokens_per_s (medians over prompts)
+    speedup_mean: float = 0.0       # mean over prompts of decode tokens/s, spec / AR (Spec-Bench's convention)
+    speedup_aggregate: float = 0.0  # all decode tokens / all decode seconds, spec / AR (token-weighted)
     lossless_checked: int           # prompts compared token by token with AR greedy (T=0 only)
     lossless_mismatches: int        # differences not explained by a near-tie (bugs)
     near_ties: int                  # differences at a tolerated near-tie
@@ -94,6 +96,7 @@ class Acc:
     verify_s: float = 0.0
     tps: list[float] = field(default_factory=list)
     ar_tps: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # tokens, s (spec), tokens, s (AR)
     checked: int = 0
     mismatches: int = 0
     near_ties: int = 0
@@ -111,6 +114,20 @@ class Acc:
         self.verify_s += verify_s
         self.tps.append(decode_tps(res))
         self.ar_tps.append(decode_tps(ar))
+        for i, r in enumerate((res, ar)):
+            self.decode[2 * i] += max(r.completion_tokens - 1, 0)
+            self.decode[2 * i + 1] += max(r.wall_s - r.ttft_s, 0.0)
+
+    def speedups(self) -> tuple[float, float]:
+        """(ratio of mean per-prompt tokens/s, ratio of token-weighted tokens/s)."""
+        def mean(xs: list[float]) -> float:
+            xs = [x for x in xs if x == x]
+            return sum(xs) / len(xs) if xs else 0.0
+
+        m_spec, m_ar = mean(self.tps), mean(self.ar_tps)
+        t, s, at, as_ = self.decode
+        agg = (t / s) / (at / as_) if s > 0 and as_ > 0 and at > 0 else 0.0
+        return (round(m_spec / m_ar, 3) if m_ar else 0.0), round(agg, 3)
 
 
 def decode_tps(res: GenerationResult) -> float:
@@ -212,6 +229,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                     verify_ms=round(1e3 * a.verify_s / max(a.steps, 1), 3),
                     tokens_per_s=round(tps, 2), ar_tokens_per_s=round(ar_tps, 2),
                     speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
+                    speedup_mean=a.speedups()[0], speedup_aggregate=a.speedups()[1],
                     lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
                     low_acceptance=mal < LOW_ACCEPTANCE,
                     drafting="sampled" if sample_drafts and temp > 0 else "greedy",
@@ -220,6 +238,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                 flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
                 log(f"T={temp:g} {domain:<4} {cfg.label:<10} tau={row.mean_accepted_length:.2f} "
                     f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
+                    f"(mean x{row.speedup_mean:.2f}, aggregate x{row.speedup_aggregate:.2f}) "
                     f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
                     f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}{flag}")
             log(f"  ({accs[0].prompts} prompts in {time.perf_counter() - t0:.0f}s)")
@@ -342,6 +361,9 @@ def main(argv: list[str]) -> int:
         "mean_accepted_length": "(steps + accepted drafts) / steps, bonus token included (vLLM convention)",
         "tokens_per_s": "median over prompts of decode tokens/s after the first token; AR measured in the "
                         "same run, interleaved per prompt",
+        "speedup": "median spec tokens/s / median AR tokens/s; speedup_mean: the same with means over prompts "
+                   "(Spec-Bench's convention); speedup_aggregate: all decode tokens / all decode seconds "
+                   "(token-weighted: long, hard-to-draft outputs weigh more)",
         "lossless": "temperature 0 only: token-exact vs AR greedy, near-ties (<1e-4 logit gap) tolerated; "
                     "T>0 exactness is covered by the distribution tests",
         "low_acceptance_threshold": LOW_ACCEPTANCE,

@@ -4,7 +4,8 @@ One run starts a `null` engine worker (an explicitly named engine that emits tok
 for overhead measurement only) and one gateway process in front of it, then drives closed-loop
 clients at each concurrency level against
 
-- `direct`: the worker's gRPC `Generate` (what the gateway itself does per request), and
+- `direct`: the worker's gRPC `Generate` (what the gateway itself does per request: `coalesce` for
+  non-streaming requests, the status awaited after the final chunk), and
 - `gateway`: `POST /v1/chat/completions` on the gateway (HTTP/1.1 keep-alive, a minimal client so
   the client's own cost stays small), streaming (`stream: true`, read to `[DONE]`) and not.
 
@@ -122,12 +123,16 @@ async def _client_loop(
 
     async def one_direct() -> bool:
         assert stub is not None
-        req = engine_pb2.GenerateRequest(max_tokens=max_tokens, domain="chat", pool="null")
+        # the same request the gateway sends: non-streaming asks the worker to coalesce its chunks
+        req = engine_pb2.GenerateRequest(max_tokens=max_tokens, domain="chat", pool="null", coalesce=not stream)
         req.messages.add(role="user", content=PROMPT)
-        n = 0
-        async for _chunk in stub.Generate(req, timeout=30):
-            n += 1
-        return n > 0
+        call = stub.Generate(req, timeout=30)
+        while True:  # like the gateway: read to the final chunk, then wait for the status
+            chunk = await call.read()
+            if chunk is grpc.aio.EOF:
+                return False
+            if chunk.finish_reason:
+                return bool(await call.code() == grpc.StatusCode.OK)
 
     async def worker() -> None:
         nonlocal errors

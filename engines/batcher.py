@@ -439,6 +439,8 @@ class Batcher:
         for i in picked:
             rows[i].observe_drafted(len(out[i]))
         self.probe_steps += 1
+        self.rows_drafted += sum(1 for i in picked if keep[i] > 0)
+        self.accepted_total += sum(accepted[i] for i in picked)
         self.observer.on_step(keep, accepted, None)
         self._finish_step(rows, out)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.types import Receive, Scope, Send
 
 from router.api import admin, health, openai
 from router.errors import install_handlers
@@ -18,6 +19,23 @@ from router.schemas import ChatCompletionRequest, CompletionRequest
 from router.settings import Settings
 
 VERSION = "0.1.0"
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with a fast path: `POST /v1/chat/completions` and `POST /v1/completions` go straight
+    to their ASGI handler (`router.api.openai.serve`, which produces every response and error of
+    these endpoints itself), skipping the framework's middleware and routing. Everything else, and
+    these paths under a root path, takes the normal route (which runs the same handler)."""
+
+    gateway: Gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            kind = openai.FAST_PATHS.get(scope["path"])
+            if kind is not None:
+                await openai.serve(self.gateway, kind, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -40,7 +58,7 @@ def create_app(
         finally:
             await gateway.close()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="specroute gateway",
         version=VERSION,
         description="OpenAI-compatible gateway that routes each request to the speculative-decoding pool "
@@ -50,6 +68,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.gateway = gateway
+    app.gateway = gateway
     install_handlers(app)
     app.include_router(openai.router)
     app.include_router(health.router)

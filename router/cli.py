@@ -6,6 +6,7 @@ Flags override `SPECROUTE_*` environment variables; see router/settings.py for e
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 from typing import Any
 
@@ -72,6 +73,10 @@ def main(argv: list[str]) -> int:
         logging.getLogger("specroute.gateway").warning(
             "admin API disabled: set SPECROUTE_ADMIN_TOKEN (or --insecure-admin for local development)")
     app = create_app(settings)
+    # everything imported so far lives as long as the process: keep it out of the cyclic GC's older
+    # generations, whose full collections otherwise walk it all again and again under load
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
     return 0

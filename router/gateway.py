@@ -61,6 +61,17 @@ class Upstream:
         finally:
             self.worker_s += time.perf_counter() - t
 
+    async def finish(self) -> None:
+        """After the final chunk (the one with `finish_reason`): wait for the call's status instead of
+        reading the end of the stream (one gRPC operation less); a failed status raises the call's
+        `AioRpcError`, as that read would have."""
+        t = time.perf_counter()
+        try:
+            if await self.call.code() != grpc.StatusCode.OK:
+                await self.call.read()  # the call is over: this raises its error
+        finally:
+            self.worker_s += time.perf_counter() - t
+
     def close(self, ok: bool) -> None:
         if self._closed:
             return
@@ -308,7 +319,7 @@ class Gateway:
         snap = self.snapshot
         d = decide(probs, uncertainty, snap.stats, self.pools.states(), snap.policy, self.rng)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
-        self.metrics.route_decisions.labels(d.domain, d.pool or "none", d.reason).inc()
+        self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
         return d
 
     def fallback_pools(self, first: str | None) -> list[str]:

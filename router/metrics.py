@@ -6,10 +6,33 @@ class), reason (router.policy.REASONS). No per-user or per-request labels.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 FAST_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """`metric.labels(*values)` memoised: the request path looks its children up in a dict instead of
+    paying for prometheus_client's validation and lock on every request (label sets are bounded)."""
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -53,6 +76,12 @@ class Metrics:
         self.snapshot_age_seconds = Gauge(
             "specroute_snapshot_age_seconds", "Age of the statistics snapshot", registry=r
         )
+
+        # memoised children of the labelled metrics the request path touches
+        self.requests_by = Children(self.requests)
+        self.route_decisions_by = Children(self.route_decisions)
+        self.ttft_by = Children(self.ttft_seconds)
+        self.itl_by = Children(self.itl_seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -194,17 +194,21 @@ class PoolManager:
         await asyncio.gather(*(e.close() for e in self.endpoints()), return_exceptions=True)
 
     def states(self) -> dict[str, PoolState]:
+        """Health and load per pool over its available endpoints (called on every request: one pass)."""
         now = time.monotonic()
         out: dict[str, PoolState] = {}
         for name, eps in self.pools.items():
-            avail = [e for e in eps if e.available(now)]
-            out[name] = PoolState(
-                healthy=bool(avail),
-                running=sum(e.load.running for e in avail if e.load is not None),
-                waiting=sum(e.load.waiting for e in avail if e.load is not None),
-                max_running=sum(e.load.max_running for e in avail if e.load is not None),
-                endpoints=len(avail),
-            )
+            n = running = waiting = max_running = 0
+            for e in eps:
+                if e.available(now):
+                    n += 1
+                    load = e.load
+                    if load is not None:
+                        running += load.running
+                        waiting += load.waiting
+                        max_running += load.max_running
+            out[name] = PoolState(healthy=n > 0, running=running, waiting=waiting, max_running=max_running,
+                                  endpoints=n)
         return out
 
     def pick(self, pool: str, exclude: set[Endpoint] | None = None) -> Endpoint | None:

@@ -71,7 +71,7 @@ class DFlyDrafter(DFlashDrafter):
         """[V, 2I]: the E[prev] half of gate/up for every token, so the drafting loop only gathers."""
         if getattr(self, "_table", None) is None:
             c = self.correction
-            self._table = c.e_proj(c.e_norm(self.target.model.embed_tokens.weight)).detach()
+            self._table = c.e_proj(c.e_norm(self.target.model.embed_tokens.weight.to(c.e_proj.weight.dtype))).detach()
         assert self._table is not None
         return self._table
 

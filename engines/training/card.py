@@ -79,7 +79,9 @@ def render_card(bundle: Path) -> str:
         "```bash",
         "specroute train tokenizer --out models/demo",
         "specroute train target --preset demo --out models/demo",
-        *[f"specroute train {k} --preset demo --out models/demo" for k in ("mtp", "dflash", "dfly")],
+        "specroute train mtp --preset demo --budget 1500 --steps 2400 --out models/demo",
+        *[f"specroute train {k} --preset demo --out models/demo" for k in ("dflash", "dfly")],
+        "specroute train draft-vocab --size 2048 --out models/demo",
         "specroute train card --out models/demo      # this file",
         "```",
         "",
@@ -111,18 +113,37 @@ def render_card(bundle: Path) -> str:
         f"Bundle size (all safetensors, bf16): {size_mb:.1f} MB.",
         "",
     ]
-    drafters = sorted((bundle / "drafters").glob("*/train_*.json")) if (bundle / "drafters").is_dir() else []
-    if drafters:
-        lines += ["## Drafters", ""]
-        for path in drafters:
-            d = json.loads(path.read_text())
-            lines += [f"### {path.parent.name}", "", "```json", json.dumps(d.get("summary", d), indent=2), "```", ""]
+    if (bundle / "drafters").is_dir() and any((bundle / "drafters").glob("*/train_*.json")):
+        from engines.training.drafters import card_section
+
+        lines += [card_section(bundle), ""]
+    lines += acceptance_section(bundle.resolve().parent.parent / "bench" / "results" / "acceptance.json")
     lines += ["## Sample completions (greedy, held-out prompts)", ""]
     for d, pairs in sample_completions(model, tok).items():
         lines += [f"### {d}", ""]
         for prompt, text in pairs:
             lines += ["Prompt:", "", _fence(prompt), "", "Completion:", "", _fence(text), ""]
     return "\n".join(lines)
+
+
+def acceptance_section(path: Path) -> list[str]:
+    """The T=0 rows of `specroute bench acceptance` (when the bundle sits in a checkout that has them)."""
+    if not path.is_file():
+        return []
+    rows = [r for r in json.loads(path.read_text()).get("rows", []) if r.get("temperature") == 0]
+    if not rows:
+        return []
+    out = ["## Acceptance on held-out prompts (`bench/results/acceptance.json`, T=0, batch 1)", "",
+           "Mean accepted length per verification step (bonus included) and decode speedup over AR in the "
+           "same run: median over prompts / mean over prompts (Spec-Bench) / token-weighted.", "",
+           "| drafter | domain | mean accepted length | speedup (median / mean / aggregate) | lossless |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        name = f"{r['drafter']} k={r['k']}" if r["drafter"] == "mtp" else f"{r['drafter']} b{r['block']}"
+        out.append(f"| {name} | {r['domain']} | {r['mean_accepted_length']:.2f} | {r['speedup']:.2f} / "
+                   f"{r.get('speedup_mean', 0.0):.2f} / {r.get('speedup_aggregate', 0.0):.2f} | "
+                   f"{r['lossless_checked'] - r['lossless_mismatches']}/{r['lossless_checked']} |")
+    return [*out, ""]
 
 
 def write_card(bundle: Path) -> Path:

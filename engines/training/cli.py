@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", type=Path, default=None,
                     help="checkpoints and caches (default: OUT/.work, git-ignored)")
     ap.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="drafters: wall-time budget in seconds (overrides the preset's)")
+    ap.add_argument("--steps", type=int, default=None, help="drafters: step cap (overrides the preset's)")
     ap.add_argument("--size", type=int, default=2048,
                     help="draft-vocab: tokens drafters may propose (the target's most frequent outputs)")
     return ap
@@ -56,6 +59,7 @@ def main(argv: list[str]) -> int:
         return 0
     from engines.training.drafters import train_drafter
 
-    report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume)
+    report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume,
+                           budget_s=args.budget, max_steps=args.steps)
     print(json.dumps(report.get("summary", {})))
     return 0

@@ -1,10 +1,11 @@
 """grpc.aio servicer for `protos/specroute/v1/engine.proto` over any `Backend`.
 
 Generate: validate and tokenize in the worker, submit to the backend with a thread-safe sink that
-feeds an asyncio queue, stream one chunk per event. A client that goes away (cancel, disconnect,
-deadline) cancels the handler task; the `finally` cancels the request in the batcher, which frees
-its slot at once. The final chunk carries the request's speculative statistics, and a feedback
-record goes to Redis through the background writer.
+feeds an asyncio queue, stream one chunk per event (with `coalesce`, set by non-streaming callers:
+the first chunk at once, then one final chunk carrying every later delta). A client that goes away
+(cancel, disconnect, deadline) cancels the handler task; the `finally` cancels the request in the
+batcher, which frees its slot at once. The final chunk carries the request's speculative statistics,
+and a feedback record goes to Redis through the background writer.
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class EngineService(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finished = False
         first = True
+        # coalesce (non-streaming callers): after the first chunk, hold deltas back for the final one
+        coalesce = request.coalesce
+        held_text: list[str] = []
+        held_ids: list[int] = []
         try:
             while True:
                 ev = await q.get()
@@ -127,7 +132,14 @@ class EngineService(pb_grpc.EngineServicer):
                                        "shutdown": "worker shut down before the request finished"}.get(
                                            ev.finish_reason, "engine error")
                     await context.abort(ABORT_CODES[ev.finish_reason], msg)
-                chunk = pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
+                if coalesce and not first:
+                    held_text.append(ev.text)
+                    held_ids.extend(ev.token_ids)
+                    if not ev.finish_reason:
+                        continue
+                    chunk = pb.GenerateChunk(text="".join(held_text), num_tokens=len(held_ids), token_ids=held_ids)
+                else:
+                    chunk = pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
                 if first:
                     chunk.prompt_tokens = len(req.prompt_ids)
                     first = False

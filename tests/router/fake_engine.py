@@ -41,6 +41,7 @@ class FakeConfig:
     fail: str = ""  # "" | "before_first" | "mid_stream" | "overloaded"
     fail_after: int = 2  # chunks before a mid-stream failure
     redis_url: str | None = None
+    coalesce: bool = True  # honour GenerateRequest.coalesce (False: an old worker, one chunk per token)
 
 
 class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
@@ -78,6 +79,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         alpha = c.acceptance.get(request.domain, c.default_acceptance)
         self.running += 1
         t0 = time.perf_counter()
+        held: list[str] | None = [] if request.coalesce and c.coalesce else None
         try:
             text = ""
             emitted = 0
@@ -93,6 +95,9 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                     finish = "stop"
                     break
                 emitted += 1
+                if held is not None and i > 0:  # coalesce: the first chunk at once, the rest with the final one
+                    held.append(w)
+                    continue
                 yield engine_pb2.GenerateChunk(text=w, num_tokens=1, prompt_tokens=words if i == 0 else 0)
             steps = max(1, round(emitted / (1 + c.block_size * alpha)))
             drafted = steps * c.block_size
@@ -102,6 +107,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                 mean_accepted_length=1 + accepted / steps,
             )
             yield engine_pb2.GenerateChunk(
+                text="".join(held or ()), num_tokens=len(held or ()),
                 finish_reason=finish, prompt_tokens=words, completion_tokens=emitted, stats=stats
             )
             self.completed += 1

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
 
+from router.api import openai
 from tests.router.conftest import engines, running_app, settings_for, sse_events
 from tests.router.fake_engine import FakeConfig, FakeEngine
 
@@ -46,6 +48,52 @@ async def test_chat_completion_non_streaming(redis_url: str) -> None:
         req = es[0].servicer.requests[-1]
         assert [(m.role, m.content) for m in req.messages] == [("user", "hi there")]
         assert req.sampling.temperature == 0 and req.max_tokens == 5 and req.domain == "chat" and req.pool == "mtp"
+
+
+async def test_non_streaming_asks_the_worker_to_coalesce(redis_url: str) -> None:
+    # new workers send the first chunk, then one final chunk; old ones (coalesce ignored) one per token
+    for honours in (True, False):
+        async with engines(FakeConfig(coalesce=honours)) as es, running_app(
+            settings_for({"mtp": [es[0].address]}, redis_url)
+        ) as client:
+            r = await client.post("/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["choices"][0]["message"]["content"] == "Hello from the fake engine"
+            assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+            assert es[0].servicer.requests[-1].coalesce
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            text = "".join(c["choices"][0]["delta"].get("content", "") for c in sse_events(r.text)[:-1] if c["choices"])
+            assert text == "Hello from the fake engine" and not es[0].servicer.requests[-1].coalesce
+
+
+async def test_framework_route_serves_the_same_endpoints(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a root path the app's fast path steps aside and FastAPI's routes run the same handler."""
+    routed_calls = []
+    endpoint_call = openai.ASGIEndpoint.__call__
+
+    async def spy(self: openai.ASGIEndpoint, scope: Any, receive: Any, send: Any) -> None:
+        routed_calls.append(scope["path"])
+        await endpoint_call(self, scope, receive, send)
+
+    monkeypatch.setattr(openai.ASGIEndpoint, "__call__", spy)
+    async with env(redis_url) as (client, es):
+        app = client.app  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app, root_path="/gw")
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=10) as routed:
+            for c, prefix in ((client, ""), (routed, "/gw")):
+                r = await c.post(prefix + "/v1/chat/completions", json=CHAT)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == "Hello from the fake engine"
+                assert r.headers["x-specroute-domain"] == "chat" and r.headers["content-type"] == "application/json"
+                r = await c.post(prefix + "/v1/completions", json={"model": "fake-model", "prompt": "x", "stream": True,
+                                                                   "max_tokens": 2})
+                assert sse_events(r.text)[-1] == "[DONE]"
+                r = await c.post(prefix + "/v1/chat/completions", content=b"{nope")
+                assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+                r = await c.get(prefix + "/v1/chat/completions")
+                assert r.status_code == 405 and "error" in r.json()
+                assert len(routed_calls) == (3 if prefix else 0)  # the fast path skips the framework
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,13 @@ def test_null_engine_speaks_the_contract(start_worker):
     assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 7
     assert sum(c.num_tokens for c in chunks) == 7
     assert "".join(c.text for c in chunks).split()[:2] == ["lorem", "ipsum"]
+    # coalesce (non-streaming callers): the first chunk, then one final chunk with every later delta
+    merged = collect(w.stub, chat("anything at all", 7, coalesce=True))
+    assert len(merged) == 2 and merged[0].num_tokens == 1 and merged[0].prompt_tokens == 3
+    assert merged[-1].finish_reason == "length" and merged[-1].completion_tokens == 7
+    assert "".join(c.text for c in merged) == "".join(c.text for c in chunks)
+    assert [t for c in merged for t in c.token_ids] == [t for c in chunks for t in c.token_ids]
+    assert sum(c.num_tokens for c in merged) == 7
 
 
 def test_dcut_worker_live_switch(bundle, start_worker, tmp_path):
