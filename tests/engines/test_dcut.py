@@ -114,16 +114,20 @@ def test_controller_observe_and_switch():
     assert not ctl.enabled
 
 
-def test_profile_is_cached_by_machine_key(tmp_path):
+def _tiny_target(layers: int):
     import torch
 
     from engines.model import ModelConfig, Transformer, init_weights
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    target = Transformer(cfg)
+    target = Transformer(ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
     init_weights(target)
+    return target
+
+
+def test_profile_is_cached_by_machine_key(tmp_path):
+    target = _tiny_target(1)
     t1 = load_or_profile(target, tmp_path, 3, 1, batch_sizes=(1, 2), context=8, reps=1)
     doc = json.loads((tmp_path / "dcut_profile.json").read_text())
     assert machine_key(1, 3) in doc
@@ -210,18 +214,11 @@ def test_rows_that_draft_well_keep_drafting_in_a_batch_that_otherwise_would_not(
 
 
 def test_profile_records_drafting_cost_per_batch_size(tmp_path):
-    import torch
-
     from engines.dcut import profile_draft_cost
     from engines.drafters.registry import new_drafter
-    from engines.model import ModelConfig, Transformer, init_weights
     from engines.spec import SpecDecoder
 
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    target = Transformer(cfg)
-    init_weights(target)
+    target = _tiny_target(4)
     dec = SpecDecoder(target, new_drafter("dfly", target, block_size=4), 2, 48)
     ms = profile_draft_cost(dec, 3, (1, 2), context=8, reps=1)
     assert len(ms) == 2 and all(m > 0 for m in ms)

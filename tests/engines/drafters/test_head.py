@@ -41,12 +41,17 @@ def test_draft_head_maps_indices_and_distributions_back_to_the_vocabulary():
 VOCAB = torch.tensor(sorted({0, 1, 2, *range(3, TINY.vocab_size, 3)}))   # ~1/3 of the vocabulary
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@torch.no_grad()
-def test_restricted_drafter_proposes_only_draft_vocabulary_tokens(kind):
+def restricted(kind: str):
     target = make_target()
     d = make_drafter(kind, target)
     d.set_draft_vocab(VOCAB)
+    return target, d
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_restricted_drafter_proposes_only_draft_vocabulary_tokens(kind):
+    target, d = restricted(kind)
     assert d.cfg.draft_vocab_size == len(VOCAB)
     d.allocate(2, MAX_LEN)
     ctx = context(target, d, sequences([12, 9]), [0, 0], [10, 7], slots=[0, 1])
@@ -67,9 +72,7 @@ def test_restricted_drafter_proposes_only_draft_vocabulary_tokens(kind):
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_restricted_bf16_drafting_stays_lossless(kind):
-    target = make_target()
-    d = make_drafter(kind, target)
-    d.set_draft_vocab(VOCAB)
+    target, d = restricted(kind)
     d.configure_head(torch.bfloat16)
     dec = SpecDecoder(target, d, num_slots=1, max_len=MAX_LEN)
     for prompt in sequences([9, 14, 5], seed=11):
@@ -83,9 +86,7 @@ def test_restricted_bf16_drafting_stays_lossless(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_draft_vocabulary_round_trips_and_mismatches_are_user_errors(kind, tmp_path):
-    target = make_target()
-    d = make_drafter(kind, target)
-    d.set_draft_vocab(VOCAB)
+    target, d = restricted(kind)
     out = save_drafter(d, tmp_path / "drafters" / kind)
     loaded = load_drafter(kind, tmp_path, target)
     assert torch.equal(loaded.draft_vocab, VOCAB) and loaded.head_dtype == torch.bfloat16
