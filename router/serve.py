@@ -13,6 +13,7 @@ everything it started, gateway first, Redis last. If any child dies, the rest ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -53,6 +54,13 @@ class Child:
     proc: subprocess.Popen[bytes]
 
 
+def say(msg: str) -> None:
+    """A status line on stderr; a closed stderr (e.g. `| tee` killed by the same Ctrl-C) must never
+    keep shutdown from stopping the children."""
+    with contextlib.suppress(OSError):
+        print(msg, file=sys.stderr, flush=True)
+
+
 @dataclass
 class Supervisor:
     children: list[Child] = field(default_factory=list)
@@ -80,7 +88,7 @@ class Supervisor:
         self.stopping = True
         for c in reversed(self.children):
             if c.proc.poll() is None:
-                print(f"specroute serve: stopping {c.name}", file=sys.stderr, flush=True)
+                say(f"specroute serve: stopping {c.name}")
                 c.proc.send_signal(signal.SIGTERM)
                 try:
                     c.proc.wait(timeout)
@@ -162,7 +170,7 @@ def main(argv: list[str]) -> int:
                                 "--appendonly", "no"], quiet=True)
             wait_for("redis", lambda: redis_ping(rport), sup, 20)
             redis_url = f"redis://127.0.0.1:{rport}/0"
-            print(f"specroute serve: redis on {redis_url}", file=sys.stderr, flush=True)
+            say(f"specroute serve: redis on {redis_url}")
 
         mtp_port = args.mtp_port or free_port()
         dfly_port = args.dfly_port or free_port()
@@ -198,7 +206,7 @@ Press Ctrl-C to stop everything.
             sup.check_alive()
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nspecroute serve: shutting down", file=sys.stderr, flush=True)
+        say("\nspecroute serve: shutting down")
         return 0 if interrupted["sig"] in (0, signal.SIGTERM, signal.SIGINT) else 1
     finally:
         sup.stop_all()
