@@ -118,11 +118,12 @@ class _Active:
     emitted: int = 0
     t_first: float = 0.0
     ready: bool = False      # prompt in the cache, y0 emitted
-    tokens_per_step: float | None = None   # EMA of tokens per drafted step (D-Cut); None: never drafted
+    drafted_steps: int = 0   # steps that verified drafts for this request (D-Cut's per-row estimate)
+    drafted_tokens: int = 0  # tokens those steps emitted for it
 
     def observe_drafted(self, tokens: int) -> None:
-        t = self.tokens_per_step
-        self.tokens_per_step = float(tokens) if t is None else 0.7 * t + 0.3 * tokens
+        self.drafted_steps += 1
+        self.drafted_tokens += tokens
 
     @property
     def req(self) -> GenRequest:
@@ -366,7 +367,7 @@ class Batcher:
         picked = list(range(len(rows)))
         if k > 0 and dcut is not None and not any(forced):
             # all rows, none (a plain step) or a cheap probe of a few
-            picked = dcut.rows_to_draft([a.tokens_per_step for a in rows])
+            picked = dcut.rows_to_draft([(a.drafted_steps, a.drafted_tokens) for a in rows])
         if not picked:
             k = 0
         elif k > 0 and len(picked) < len(rows):

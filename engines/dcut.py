@@ -462,6 +462,7 @@ def drafting_pays(expected: float, verify_ms: float, draft_ms: float, bs: int, a
 
 PROBE_FIRST, PROBE_MAX = 8, 1024    # plain steps between probes: PROBE_FIRST x batch size, doubling
 PROBE_ROWS = 1                      # rows a probe drafts for (the rest of the batch takes a plain step)
+ROW_PRIOR = 4.0                     # pseudo-steps of the fleet average in each row's estimate
 
 
 def bs_bucket(bs: int) -> int:
@@ -525,26 +526,27 @@ class DcutController:
         plain = self.table.cost(bs, 0.0) * self.cost_scale
         return drafting_pays(bs * tpr, verify, self.draft_ms(bs), bs, plain)
 
-    def rows_to_draft(self, row_tokens: Sequence[float | None]) -> list[int]:
-        """Which running rows this step drafts for, given each row's own tokens per drafted step (None:
-        not measured yet; the average stands in). All of them where drafting pays for the batch; none
-        (a plain step) where it does not, except every `probe_every` plain steps a probe drafting for
-        `probe_rows` rows (unmeasured rows first, else rotating), which keeps the estimates current
-        at little cost. The probe interval starts at `probe_first` x batch size (one row's estimate
-        matters less in a bigger batch) and doubles up to PROBE_MAX while drafting keeps losing; a
-        newly admitted row restarts it."""
-        bs = len(row_tokens)
+    def rows_to_draft(self, rows: Sequence[tuple[int, int]]) -> list[int]:
+        """Which running rows this step drafts for, given each row's (drafted steps, tokens those steps
+        emitted). A row's tokens per drafted step is its own record shrunk towards the fleet average
+        (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a good row off. All rows draft
+        where that pays for the batch; none (a plain step) where it does not, except every
+        `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
+        rotating), which keeps the estimates current at little cost. The probe interval starts at
+        `probe_first` x batch size (one row's estimate matters less in a bigger batch) and doubles up
+        to PROBE_MAX while drafting keeps losing; a newly admitted row restarts it."""
+        bs = len(rows)
         if not self.enabled or not self.skip_drafting or bs <= 0:
             return list(range(bs))
-        default = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
-        est = [t if t is not None else default for t in row_tokens]
+        prior = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for steps, tokens in rows]
         b = bs_bucket(bs)
         if self.pays(bs, sum(est) / bs):
             self.probe_every.pop(b, None)
             self.plain_run.pop(b, None)
             return list(range(bs))
         first = self.probe_first * bs
-        unmeasured = [i for i, t in enumerate(row_tokens) if t is None]
+        unmeasured = [i for i, (steps, _) in enumerate(rows) if steps == 0]
         if unmeasured and self.unmeasured_seen < len(unmeasured):   # a new row: probe it soon
             self.probe_every[b] = min(self.probe_every.get(b, first), first)
         self.unmeasured_seen = len(unmeasured)

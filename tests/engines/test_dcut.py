@@ -178,13 +178,13 @@ def test_plain_steps_where_drafting_does_not_pay_with_doubling_probes():
     ctl = DcutController(table, K, probe_first=4)
     _spec_step(ctl, np.full((8, K), 0.05), [0] * 8, 40.0)      # hopeless drafts observed
     assert not ctl.pays(8)
-    decisions = [ctl.rows_to_draft([1.0] * 8) for _ in range(32 + 64 + 2)]
+    decisions = [ctl.rows_to_draft([(10, 10)] * 8) for _ in range(32 + 64 + 2)]
     probes = [i for i, d in enumerate(decisions) if d]
     assert probes == [32, 32 + 64 + 1]                 # a probe after 4 x 8 = 32, then 64 plain steps
     assert [len(decisions[i]) for i in probes] == [1, 1]         # ... drafting for one row only
     assert decisions[probes[0]] != decisions[probes[1]]          # rotating
     # a newly admitted row (not measured yet) is probed first, and soon
-    new = [1.0] * 7 + [None]
+    new = [(10, 10)] * 7 + [(0, 0)]
     after = [ctl.rows_to_draft(new) for _ in range(40)]
     assert after.index([7]) == 32
     assert ctl.skipped_steps == len(decisions) - 2 + 39
@@ -195,13 +195,13 @@ def test_drafting_continues_where_it_pays_and_the_switch_turns_it_on():
     table = CostTable.linear(K, base_ms=10.0, per_token_ms=0.1, batch_sizes=(1, 8)).with_draft_ms((1.0, 2.0))
     ctl = DcutController(table, K)
     _spec_step(ctl, np.full((1, K), 0.9), [K], 1.0)              # confident drafts, all accepted
-    assert ctl.pays(1) and all(ctl.rows_to_draft([None]) == [0] for _ in range(200))
+    assert ctl.pays(1) and all(ctl.rows_to_draft([(0, 0)]) == [0] for _ in range(200))
     # a drafter that keeps getting slower (e.g. a long context) turns drafting off at this batch size
     for _ in range(40):
         _spec_step(ctl, np.full((8, K), 0.9), [0] * 8, 200.0)
-    assert not ctl.pays(8) and ctl.rows_to_draft([None] * 8) == []
+    assert not ctl.pays(8) and ctl.rows_to_draft([(0, 0)] * 8) == []
     ctl.set_enabled(False)
-    assert ctl.rows_to_draft([None] * 8) == list(range(8))
+    assert ctl.rows_to_draft([(0, 0)] * 8) == list(range(8))
 
 
 def test_rows_that_draft_well_keep_drafting_in_a_batch_that_otherwise_would_not():
@@ -209,8 +209,10 @@ def test_rows_that_draft_well_keep_drafting_in_a_batch_that_otherwise_would_not(
     table = CostTable.linear(K, base_ms=5.0, per_token_ms=0.5, batch_sizes=(1, 8)).with_draft_ms((3.0, 6.0))
     ctl = DcutController(table, K)
     _spec_step(ctl, np.full((2, K), 0.3), [0, 0], 3.0)           # the average row accepts nothing
-    assert ctl.rows_to_draft([None, None]) == []
-    assert ctl.rows_to_draft([4.8, 5.0]) == [0, 1]               # these two accept almost everything
+    assert ctl.rows_to_draft([(0, 0), (0, 0)]) == []
+    assert ctl.rows_to_draft([(20, 96), (20, 100)]) == [0, 1]   # these two accept almost everything
+    # one unlucky step does not switch a good row off: its record is shrunk towards the average
+    assert ctl.rows_to_draft([(21, 97), (21, 101)]) == [0, 1]
 
 
 def test_profile_records_drafting_cost_per_batch_size(tmp_path):
