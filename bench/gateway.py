@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specroute.errors import UserError
+from specroute.readiness import grpc_serving, poll_until
 
 PROMPT = "Say something short."
 
@@ -200,26 +201,12 @@ def run_cell(path: str, stream: bool, conc: int, duration: float, warmup: float,
 
 
 def wait_until(check: Any, proc: subprocess.Popen[bytes], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def alive() -> None:
         if proc.poll() is not None:
             raise UserError(f"{what} exited with code {proc.returncode}")
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise UserError(f"{what} not ready after {timeout}s")
 
-
-def _grpc_ready(addr: str) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(addr) as ch:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+    if not poll_until(check, timeout, 0.2, alive):
+        raise UserError(f"{what} not ready after {timeout}s")
 
 
 def _gateway_serves(port: int) -> bool:
@@ -264,7 +251,7 @@ def main(argv: list[str]) -> int:
             w = subprocess.Popen([*cli, "worker", "--engine", "null", "--port", str(wport), "--max-running", "512",
                                   "--max-waiting", "1024"], start_new_session=True)
             procs.append(w)
-            wait_until(lambda: _grpc_ready(worker_addr), w, "null worker")
+            wait_until(lambda: grpc_serving(worker_addr), w, "null worker")
         gport = free_port()
         env = {**os.environ, "SPECROUTE_LOG_LEVEL": "warning"}
         env.pop("SPECROUTE_REDIS_URL", None)

@@ -211,25 +211,21 @@ def measure_latency(
             classify(r)
         for r in big[:20]:
             classify(r)
-        i = 0
-        for _ in range(repeats):
-            for r in requests:
-                c0 = cpu()
-                t0 = wall()
-                classify(r)
-                t1 = wall()
-                c1 = cpu()
-                t_wall[i] = t1 - t0
-                t_cpu[i] = c1 - c0
-                i += 1
-        for j, r in enumerate(big):
+        def timed(r: Any, into_wall: np.ndarray, into_cpu: np.ndarray, i: int) -> None:
             c0 = cpu()
             t0 = wall()
             classify(r)
             t1 = wall()
-            c1 = cpu()
-            b_wall[j] = t1 - t0
-            b_cpu[j] = c1 - c0
+            into_cpu[i] = cpu() - c0
+            into_wall[i] = t1 - t0
+
+        i = 0
+        for _ in range(repeats):
+            for r in requests:
+                timed(r, t_wall, t_cpu, i)
+                i += 1
+        for j, r in enumerate(big):
+            timed(r, b_wall, b_cpu, j)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -22,11 +22,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroute.errors import UserError
+from specroute.readiness import grpc_serving, http_ok, poll_until
 
 
 def free_port() -> int:
@@ -97,31 +98,9 @@ class Supervisor:
                     c.proc.wait(5)
 
 
-def wait_for(what: str, check: object, sup: Supervisor, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sup.check_alive()
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.25)
-    raise UserError(f"{what} was not ready within {timeout:.0f}s")
-
-
-def grpc_healthy(address: str) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as ch:
-        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
-
-
-def http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=1.0) as r:  # noqa: S310 - loopback URL we built
-        return bool(r.status == 200)
+def wait_for(what: str, check: Callable[[], object], sup: Supervisor, timeout: float) -> None:
+    if not poll_until(check, timeout, alive=sup.check_alive):
+        raise UserError(f"{what} was not ready within {timeout:.0f}s")
 
 
 def redis_ping(port: int) -> bool:
@@ -181,8 +160,8 @@ def main(argv: list[str]) -> int:
         if not args.no_dcut:
             dfly.insert(dfly.index("--model"), "--dcut")
         sup.spawn("dfly worker", dfly)
-        wait_for("mtp worker", lambda: grpc_healthy(f"127.0.0.1:{mtp_port}"), sup, args.worker_timeout)
-        wait_for("dfly worker", lambda: grpc_healthy(f"127.0.0.1:{dfly_port}"), sup, args.worker_timeout)
+        wait_for("mtp worker", lambda: grpc_serving(f"127.0.0.1:{mtp_port}"), sup, args.worker_timeout)
+        wait_for("dfly worker", lambda: grpc_serving(f"127.0.0.1:{dfly_port}"), sup, args.worker_timeout)
 
         token = os.environ.get("SPECROUTE_ADMIN_TOKEN") or secrets.token_urlsafe(18)
         sup.spawn("gateway", [*specroute, "gateway", "--host", args.host, "--port", str(args.port),

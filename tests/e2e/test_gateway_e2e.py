@@ -21,6 +21,7 @@ import grpc
 import openai
 import pytest
 
+from specroute.readiness import grpc_serving, poll_until
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 from tests.redis_server import RedisServer, free_port
 
@@ -49,25 +50,12 @@ def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> sub
 
 
 def _wait(check: Any, proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def alive() -> None:
         if proc.poll() is not None:
             raise AssertionError(f"{what} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
-
-def _grpc_ok(addr: str) -> bool:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(addr) as ch:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+    if not poll_until(check, timeout, 0.3, alive):
+        raise AssertionError(f"{what} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
 def _http(url: str, data: Any = None, method: str | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
@@ -94,7 +82,7 @@ class System:
                                  str(self.ports[engine]), "--redis-url", self.redis.url, "--pool", engine])
         for engine in ("mtp", "dfly", "ar"):
             addr = f"127.0.0.1:{self.ports[engine]}"
-            _wait(lambda a=addr: _grpc_ok(a), self.procs[engine], engine, self.log(engine))
+            _wait(lambda a=addr: grpc_serving(a), self.procs[engine], engine, self.log(engine))
         pools = ["--pool", f"mtp=127.0.0.1:{self.ports['mtp']}", "--pool", f"dfly=127.0.0.1:{self.ports['dfly']}"]
         for gw in ("gw_a", "gw_b"):
             self._start(gw, ["gateway", "--port", str(self.ports[gw]), *pools, "--redis-url", self.redis.url],
