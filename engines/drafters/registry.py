@@ -28,6 +28,13 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "dfly": DFlyDrafter,
 }
 
+
+
+def engine_kinds() -> tuple[str, ...]:
+    """Every engine `--engine` accepts that runs our own target: plain AR plus each drafter."""
+    return ("ar", *DRAFTERS)
+
+
 MASK_TOKEN_ID = 2  # engines.tokenizer.SPECIAL_TOKENS order: <|endoftext|>, <|pad|>, <|mask|>, ...
 
 
