@@ -56,7 +56,16 @@ class Drafter(nn.Module):
     LM head (None: the target's). Both only change drafting speed and acceptance, never the output.
     Training and `draft_logits` always use the exact full head."""
 
+    # --- traits: what the engine, CLI, training and benchmarks need to know about a kind ---------
     kind: ClassVar[str] = ""
+    # True: drafts one token per call, k calls a step (MTP, EAGLE); `--block-size N` means k = N.
+    # False: one parallel pass drafts a whole block (DFlash, DFly); `--block-size N` drafts N - 1.
+    autoregressive: ClassVar[bool] = False
+
+    @classmethod
+    def label(cls, draft_len: int) -> str:
+        """Human label for a configuration drafting `draft_len` tokens a step ("mtp k=3", "dfly b16")."""
+        return f"{cls.kind} k={draft_len}" if cls.autoregressive else f"{cls.kind} b{draft_len + 1}"
 
     def __init__(self, target: Transformer, draft_vocab_size: int = 0) -> None:
         super().__init__()
@@ -65,6 +74,8 @@ class Drafter(nn.Module):
         self.register_buffer("draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.head_dtype: torch.dtype | None = None
         self._head: DraftHead | None = None
+        # at T > 0: sample drafts from q (True) or draft greedily, q one-hot (False); set by the engine
+        self.sample_drafts: bool = False
 
     # --- what the drafter needs from the target -------------------------------------------------
     @property

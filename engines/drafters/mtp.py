@@ -31,6 +31,7 @@ CACHE_SLACK = 64  # room for speculative chain entries past the target's max len
 
 class MTPDrafter(Drafter):
     kind = "mtp"
+    autoregressive = True
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
         super().__init__(target, cfg.draft_vocab_size)
