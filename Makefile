@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench lint proto clean
+.PHONY: install run test test-fast bench chaos lint proto clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -31,6 +31,11 @@ test-fast: install
 
 bench: install
 	$(BIN)/specroute bench engine --engines ar --out bench/results/
+
+# the chaos suite alone (also part of `make test`), its table written to bench/results/chaos.json
+chaos: install
+	@mkdir -p bench/results
+	SPECROUTE_CHAOS_REPORT=bench/results/chaos.json $(BIN)/python -m pytest -q -p no:cacheprovider -m chaos tests/chaos
 
 lint: install
 	$(BIN)/ruff check .

@@ -10,7 +10,7 @@ request at a time (batch 1):
 - decode tokens/s of the speculative loop and of plain AR decoding, measured in the same run and
   interleaved per prompt (medians over prompts), and the speedup,
 - at temperature 0, a losslessness check of every output against AR greedy decoding (near-ties
-  tolerated only as `engines.spec.check_lossless` defines them).
+  tolerated only as `engines.lossless.check_lossless` defines them).
 
 Rows whose mean accepted length is under 1.3 are flagged: a drafter that loads but accepts almost
 nothing is a bug. Writes `acceptance.json` and `acceptance.png` into `--out`.
@@ -31,12 +31,16 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
+from engines.dcut.profile import cpu_name
 from engines.drafters.base import Drafter
+from engines.drafters.registry import DRAFTERS, load_drafter
 from engines.generate import GenerationResult, ar_generate
+from engines.lossless import check_lossless
 from engines.model import Transformer, load_model
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, check_lossless, spec_generate
+from engines.spec import SpecDecoder, spec_generate
 from engines.tokenizer import Tokenizer
+from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
 DOMAINS = ("chat", "code", "math")
@@ -79,19 +83,18 @@ class Config:
     block: int
     k: int
 
-    @property
-    def label(self) -> str:
-        return f"{self.kind} k={self.k}" if self.kind == "mtp" else f"{self.kind} b{self.block}"
+
+def label(kind: str, k: int) -> str:
+    """`mtp k=3`, `dfly b16`: the drafter's own label for k drafts a step."""
+    return DRAFTERS[kind].label(k)
 
 
 @dataclass
 class Acc:
-    """Accumulated measurements of one row."""
+    """Accumulated measurements of one (temperature, domain, drafter) cell."""
     prompts: int = 0
     tokens: int = 0
-    steps: int = 0
-    accepted: int = 0
-    per_pos: list[int] = field(default_factory=list)
+    acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
     draft_s: float = 0.0
     verify_s: float = 0.0
     tps: list[float] = field(default_factory=list)
@@ -103,18 +106,13 @@ class Acc:
 
     def add(self, res: GenerationResult, ar: GenerationResult, draft_s: float, verify_s: float) -> None:
         self.prompts += 1
-        self.tokens += res.completion_tokens
-        self.steps += res.steps
-        self.accepted += res.accepted_tokens
-        for i, c in enumerate(res.accepted_per_position):
-            if i >= len(self.per_pos):
-                self.per_pos.append(0)
-            self.per_pos[i] += c
+        self.tokens += res.stats.completion_tokens
+        self.acceptance = self.acceptance.merge(res.stats.acceptance)
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.tps.append(decode_tps(res))
         self.ar_tps.append(decode_tps(ar))
-        for i, r in enumerate((res, ar)):
+        for i, r in enumerate((res.stats, ar.stats)):
             self.decode[2 * i] += max(r.completion_tokens - 1, 0)
             self.decode[2 * i + 1] += max(r.wall_s - r.ttft_s, 0.0)
 
@@ -132,8 +130,9 @@ class Acc:
 
 def decode_tps(res: GenerationResult) -> float:
     """Tokens/s of the decode loop: tokens after the first over the time after the first."""
-    t = res.wall_s - res.ttft_s
-    return (res.completion_tokens - 1) / t if res.completion_tokens > 1 and t > 0 else float("nan")
+    s = res.stats
+    t = s.wall_s - s.ttft_s
+    return (s.completion_tokens - 1) / t if s.completion_tokens > 1 and t > 0 else float("nan")
 
 
 def _median(xs: list[float]) -> float:
@@ -162,14 +161,13 @@ def select_prompts(tok: Tokenizer, n: int, max_prompt_tokens: int, seed: int) ->
 
 def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks: list[int],
                  mtp_k: int) -> list[tuple[Config, Drafter]]:
-    from engines.drafters.registry import load_drafter
-
+    """One config per autoregressive drafter (k = `mtp_k` at most) and per block size of the others."""
     out = []
     for kind in kinds:
         if not (model_dir / "drafters" / kind / "config.json").is_file():
             print(f"acceptance: no {kind} drafter in {model_dir}/drafters/{kind}: skipped", file=sys.stderr)
             continue
-        if kind == "mtp":
+        if kind in DRAFTERS and DRAFTERS[kind].autoregressive:
             d = load_drafter(kind, model_dir, target)
             k = min(mtp_k, d.max_draft)
             out.append((Config(kind, k + 1, k), d))
@@ -217,16 +215,16 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                         accs[j].mismatches += 0 if chk.ok else 1
                         accs[j].near_ties += 1 if chk.ok and not chk.identical else 0
                         if not chk.ok:
-                            log(f"  LOSSLESS MISMATCH {cfg.label} {domain} prompt {i}: {chk.reason}")
+                            log(f"  LOSSLESS MISMATCH {label(cfg.kind, cfg.k)} {domain} prompt {i}: {chk.reason}")
             for (cfg, _), a in zip(configs, accs, strict=True):
-                mal = (a.steps + a.accepted) / a.steps if a.steps else 0.0
+                steps, mal = a.acceptance.steps, a.acceptance.mean_accepted_length
                 tps, ar_tps = _median(a.tps), _median(a.ar_tps)
                 row = AcceptanceRow(
                     drafter=cfg.kind, block=cfg.block, k=cfg.k, domain=domain, temperature=temp,
-                    prompts=a.prompts, tokens=a.tokens, steps=a.steps, mean_accepted_length=round(mal, 4),
-                    acceptance_per_position=[round(c / a.steps, 4) if a.steps else 0.0 for c in a.per_pos],
-                    draft_ms=round(1e3 * a.draft_s / max(a.steps, 1), 3),
-                    verify_ms=round(1e3 * a.verify_s / max(a.steps, 1), 3),
+                    prompts=a.prompts, tokens=a.tokens, steps=steps, mean_accepted_length=round(mal, 4),
+                    acceptance_per_position=[round(x, 4) for x in a.acceptance.acceptance_per_position()],
+                    draft_ms=round(1e3 * a.draft_s / max(steps, 1), 3),
+                    verify_ms=round(1e3 * a.verify_s / max(steps, 1), 3),
                     tokens_per_s=round(tps, 2), ar_tokens_per_s=round(ar_tps, 2),
                     speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
                     speedup_mean=a.speedups()[0], speedup_aggregate=a.speedups()[1],
@@ -236,7 +234,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                 )
                 rows.append(row)
                 flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
-                log(f"T={temp:g} {domain:<4} {cfg.label:<10} tau={row.mean_accepted_length:.2f} "
+                log(f"T={temp:g} {domain:<4} {label(cfg.kind, cfg.k):<10} tau={row.mean_accepted_length:.2f} "
                     f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
                     f"(mean x{row.speedup_mean:.2f}, aggregate x{row.speedup_aggregate:.2f}) "
                     f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
@@ -254,7 +252,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
     rows = report.rows
     cols = sorted({(r.temperature, r.drafting) for r in rows})
     domains = [d for d in DOMAINS if any(r.domain == d for r in rows)]
-    labels = list(dict.fromkeys(Config(r.drafter, r.block, r.k).label for r in rows))
+    labels = list(dict.fromkeys(label(r.drafter, r.k) for r in rows))
     fig, axes = plt.subplots(3, len(cols), figsize=(6.5 * len(cols), 12), squeeze=False)
     colors = plt.get_cmap("tab10")
     width = 0.8 / max(len(labels), 1)
@@ -266,7 +264,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
             ("speedup", axes[1][c], 1.0, "decode speedup over AR (same run, batch 1)"),
         ):
             for j, lab in enumerate(labels):
-                found = [next((r for r in sub if r.domain == d and Config(r.drafter, r.block, r.k).label == lab),
+                found = [next((r for r in sub if r.domain == d and label(r.drafter, r.k) == lab),
                               None) for d in domains]
                 vals = [getattr(r, metric) if r else 0.0 for r in found]
                 xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(domains))]
@@ -284,7 +282,7 @@ def plot(report: AcceptanceReport, path: Path) -> None:
             ax.legend(fontsize=7, ncols=3, loc="upper left")
         ax = axes[2][c]
         for j, lab in enumerate(labels):
-            rs = [r for r in sub if Config(r.drafter, r.block, r.k).label == lab]
+            rs = [r for r in sub if label(r.drafter, r.k) == lab]
             if not rs:
                 continue
             n = max(len(r.acceptance_per_position) for r in rs)
@@ -357,7 +355,7 @@ def main(argv: list[str]) -> int:
         "prompt_split": "held-out (engines.training.data.is_heldout), chat template",
         "batch_size": 1, "torch": torch.__version__, "seed": args.seed,
         "drafting_at_t_gt_0": "sampled from q" if args.sample_drafts else "greedy (q one-hot)",
-        "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         "mean_accepted_length": "(steps + accepted drafts) / steps, bonus token included (vLLM convention)",
         "tokens_per_s": "median over prompts of decode tokens/s after the first token; AR measured in the "
                         "same run, interleaved per prompt",
@@ -371,16 +369,6 @@ def main(argv: list[str]) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }, rows=rows)
     return write_report(report, out)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def merge_reports(paths: list[Path]) -> AcceptanceReport:

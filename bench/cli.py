@@ -16,4 +16,9 @@ def main(argv: list[str]) -> int:
     name, rest = argv[0], argv[1:]
     if name not in BENCHES:
         raise UserError(f"unknown benchmark {name!r} (choose from {', '.join(BENCHES)})")
-    return int(importlib.import_module(f"bench.{name}").main(rest) or 0)
+    from engines.errors import EngineError
+
+    try:
+        return int(importlib.import_module(f"bench.{name}").main(rest) or 0)
+    except EngineError as exc:   # a request or bundle the engine refuses: a one-line error
+        raise UserError(str(exc)) from None

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.drafters.registry import DRAFTERS
 from specroute.errors import UserError
 
 RHOS = (0.25, 0.5, 0.75, 1.0)
 
 
-def record_steps(engine, prompts, batch: int, max_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Full-verification steps over `batch` rows (rows refill from `prompts`): conf [B,K] and L [B] per step."""
+def record_steps(dec, k: int, prompts, batch: int, max_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Full-verification steps of k drafts over `batch` rows of the decoder `dec` (rows refill from
+    `prompts`): conf [B,K] and L [B] per step."""
     from engines.sampling import SamplingParams
 
-    dec = engine.decoder
-    k = engine.block_size
     queue = list(prompts)
     rows: dict[int, int] = {}   # slot -> tokens emitted
     confs, accs = [], []
@@ -61,7 +61,7 @@ def record_steps(engine, prompts, batch: int, max_tokens: int) -> tuple[list[np.
 
 
 def score(confs, accs, table) -> list[dict]:
-    from engines.dcut import plan_groups, prefix_scores
+    from engines.dcut.selection import plan_groups, prefix_scores
 
     out = []
     for rho in RHOS:
@@ -92,7 +92,7 @@ def score(confs, accs, table) -> list[dict]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench dcut", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/demo")
-    ap.add_argument("--drafter", default="dfly", choices=("dflash", "dfly", "mtp"))
+    ap.add_argument("--drafter", default="dfly", choices=tuple(DRAFTERS))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -104,20 +104,21 @@ def main(argv: list[str]) -> int:
     import torch
 
     from bench.engine import mixed_prompts
-    from engines.batcher import build_engine
-    from engines.dcut import load_or_profile
+    from engines.dcut.profile import load_or_profile
+    from engines.factory import load_engine, new_decoder
 
     torch.set_num_threads(args.threads)
     model = Path(args.model)
     if not (model / "drafters" / args.drafter / "config.json").is_file():
         raise UserError(f"no {args.drafter} drafter in {model}/drafters/{args.drafter} (train it first)")
-    engine = build_engine(args.drafter, model, args.batch)
+    engine = load_engine(args.drafter, model)
+    decoder = new_decoder(engine, args.batch, prefill_chunk=128)
     prompts = mixed_prompts(engine.tokenizer, args.prompts, 256)
     table = load_or_profile(engine.target, model, engine.block_size, args.threads, cache_dir=args.profile_dir,
                             batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= args.batch) or (1,),
                             context=256, capture=tuple(engine.drafter.capture_layers))
     with torch.inference_mode():
-        confs, accs = record_steps(engine, prompts, args.batch, args.max_tokens)
+        confs, accs = record_steps(decoder, engine.block_size, prompts, args.batch, args.max_tokens)
     rows = score(confs, accs, table)
     doc = {"model": str(model), "drafter": args.drafter, "batch": args.batch, "k": engine.block_size,
            "steps": len(confs), "mean_accepted_length_full": round(1 + float(np.mean(np.concatenate(accs))), 3),

@@ -7,7 +7,7 @@ of held-out prompts (chat / code / math round-robin, chat-templated) through an 
 inter-token latency percentiles (ITL: each stream event's gap split evenly over its tokens), mean
 accepted length (vLLM's convention: 1 + accepted drafts / rows verified with drafts) and kept ratio (mean over
 decode steps of the fraction of drafted positions D-Cut sent to verification; 1.0 without D-Cut). When `ar` is part of the run, every output is checked against AR's
-output for the same prompt (`engines.spec.check_lossless`; `lossless_failures` counts the rest).
+output for the same prompt (`engines.lossless.check_lossless`; `lossless_failures` counts the rest).
 
 Writes `engine.json` and `engine.png` into `--out`. `--memory N` instead runs N requests through one
 worker-sized batcher and reports resident memory after 100 and after N requests (`engine_memory.json`).
@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
+from engines.drafters.registry import engine_kinds
 from specroute.errors import UserError
 
-DEFAULT_ENGINES = "ar,mtp,dflash,dfly,dfly+dcut"
+DEFAULT_ENGINES = ",".join((*engine_kinds(), "dfly+dcut"))
 DOMAINS = ("chat", "code", "math")
 
 
@@ -69,8 +70,8 @@ def parse_list(text: str) -> list[str]:
 
 def parse_engine(spec: str) -> tuple[str, bool]:
     kind, _, extra = spec.partition("+")
-    if kind not in ("ar", "mtp", "dflash", "dfly") or extra not in ("", "dcut"):
-        raise UserError(f"unknown engine {spec!r} (expected ar, mtp, dflash, dfly, optionally +dcut)")
+    if kind not in engine_kinds() or extra not in ("", "dcut"):
+        raise UserError(f"unknown engine {spec!r} (expected {', '.join(engine_kinds())}, optionally +dcut)")
     if extra == "dcut" and kind == "ar":
         raise UserError("ar+dcut makes no sense: D-Cut prunes drafts")
     return kind, extra == "dcut"
@@ -96,7 +97,8 @@ def mixed_prompts(tok, n: int, max_prompt_tokens: int) -> list[tuple[str, str, l
                     out.append((p.id, d, ids))
                     break
     if not out:
-        raise UserError("no held-out prompts found (is SPECROUTE_DATA_DIR / shared/data there?)")
+        raise UserError("no held-out prompts found: set SPECROUTE_DATA_DIR to a data folder with prompts/*.jsonl "
+                        "or place one at ../shared/data beside the repository")
     return out
 
 
@@ -116,7 +118,7 @@ class _Req:
 def run_closed_loop(batcher, prompts, concurrency: int, num_requests: int, max_tokens: int,
                     timeout_s: float = 1800.0) -> tuple[list[_Req], float]:
     """`concurrency` clients, each sending its next request when the previous one finishes."""
-    from engines.batcher import GenRequest
+    from engines.requests import GenRequest
     from engines.sampling import SamplingParams
 
     lock = threading.Lock()
@@ -220,7 +222,7 @@ def rss_mb() -> float:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench engine", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/demo")
-    ap.add_argument("--engines", default=DEFAULT_ENGINES, help="comma/space list: ar mtp dflash dfly dfly+dcut")
+    ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"comma/space list: {DEFAULT_ENGINES.replace(',', ' ')}")
     ap.add_argument("--concurrency", default="1,4,8,16,32")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(2c, 8))")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -247,7 +249,8 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from engines.batcher import BatcherConfig, build_engine, make_batcher
+    from engines.factory import load_engine, make_batcher
+    from engines.requests import BatcherConfig
 
     if args.memory:
         return memory_check(args, model_dir, specs[0], out)
@@ -267,13 +270,13 @@ def main(argv: list[str]) -> int:
             notes.append(msg + ": skipped")
             print(f"bench engine: {msg}: skipped", file=sys.stderr)
             continue
-        engine = build_engine(kind, model_dir, cmax, block_size=args.block_size)
+        engine = load_engine(kind, model_dir, block_size=args.block_size)
         if prompts is None:
             prompts = mixed_prompts(engine.tokenizer, max(64, 2 * cmax), args.max_prompt_tokens)
         for k2, dcut in specs:
             if k2 != kind:
                 continue
-            cfg = BatcherConfig(max_running=cmax, max_waiting=4 * cmax + 8, max_len=engine.decoder.max_len)
+            cfg = BatcherConfig(max_running=cmax, max_waiting=4 * cmax + 8, max_len=engine.max_context)
             t_prof = time.perf_counter()
             batcher = make_batcher(engine, cfg, dcut=dcut, threads=threads, profile_dir=args.profile_dir).start()
             if dcut:
@@ -317,7 +320,7 @@ def counters(batcher) -> dict[str, float]:
 
 
 def count_lossless_failures(target, reqs: list[_Req], reference: dict[str, list[int]]) -> int:
-    from engines.spec import check_lossless
+    from engines.lossless import check_lossless
 
     bad = 0
     for r in reqs:
@@ -331,14 +334,15 @@ def count_lossless_failures(target, reqs: list[_Req], reference: dict[str, list[
 
 
 def memory_check(args, model_dir: Path, spec: tuple[str, bool], out: Path) -> int:
-    from engines.batcher import BatcherConfig, build_engine, make_batcher
-
-    kind, dcut = spec
     import torch
 
-    engine = build_engine(kind, model_dir, 8, block_size=args.block_size)
+    from engines.factory import load_engine, make_batcher
+    from engines.requests import BatcherConfig
+
+    kind, dcut = spec
+    engine = load_engine(kind, model_dir, block_size=args.block_size)
     prompts = mixed_prompts(engine.tokenizer, 64, args.max_prompt_tokens)
-    batcher = make_batcher(engine, BatcherConfig(max_running=8, max_waiting=64, max_len=engine.decoder.max_len),
+    batcher = make_batcher(engine, BatcherConfig(max_running=8, max_waiting=64, max_len=engine.max_context),
                            dcut=dcut, threads=torch.get_num_threads(), profile_dir=args.profile_dir).start()
     run_closed_loop(batcher, prompts, 8, 100, args.max_tokens)
     rss100 = rss_mb()

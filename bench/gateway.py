@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,15 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from specroute.errors import UserError
-from specroute.readiness import grpc_serving, poll_until
+from specroute.readiness import free_port, grpc_serving, poll_until
 
 PROMPT = "Say something short."
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -14,8 +14,6 @@ from typing import Any
 from specroute.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PROMPTS = REPO_ROOT.parent / "shared" / "data" / "prompts"
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "corpus"
 DEFAULT_REPORT = REPO_ROOT / "bench" / "results" / "classifier.json"
 MODEL_VERSION = "1.0"
 
@@ -27,9 +25,15 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="train, evaluate (leave-one-source-out + random split), write the artifact"
     )
     t.add_argument(
-        "--data", default=str(DEFAULT_PROMPTS), help="folder of prompt JSONL (default: %(default)s)"
+        "--data",
+        default=None,
+        help="folder of prompt JSONL (default: $SPECROUTE_DATA_DIR/prompts, else ../shared/data/prompts)",
     )
-    t.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder for extra chat text")
+    t.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus folder for extra chat text (default: the data folder's corpus/)",
+    )
     t.add_argument("--no-extra", action="store_true", help="train on the prompt files only")
     t.add_argument(
         "--artifact", default=None, help="artifact path (default: classifier/artifacts/classifier.npz)"
@@ -107,12 +111,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     import numpy as np
 
     from classifier import train as T
+    from classifier.data import DATA_HINT, data_dir
     from classifier.evaluate import evaluate, hardest_confusions
     from classifier.metrics import report
     from classifier.model import default_artifact_path
 
     t0 = time.perf_counter()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.data is None:
+        args.data = str(data_dir() / "prompts")
+        if not Path(args.data).is_dir():
+            raise UserError(f"no training data: {args.data} not found ({DATA_HINT}, or pass --data)")
+    if args.corpus is None:
+        args.corpus = str(data_dir() / "corpus")
     if not Path(args.data).is_dir():
         raise UserError(f"prompt folder not found: {args.data}")
     cfg = T.TrainConfig(c=args.c)

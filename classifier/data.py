@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -17,9 +18,21 @@ from specroute.errors import UserError
 
 Domain = Literal["chat", "code", "math"]
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_HINT = (
+    "set SPECROUTE_DATA_DIR to a data folder (prompts/*.jsonl, corpus/*.jsonl) "
+    "or place one at ../shared/data beside the repository"
+)
+
+
+def data_dir() -> Path:
+    """The training data folder: `SPECROUTE_DATA_DIR`, else `../shared/data` beside the repository."""
+    env = os.environ.get("SPECROUTE_DATA_DIR")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
 
 class PromptRecord(BaseModel):
-    """One line of a prompt file (`../shared/data/prompts/*.jsonl` format).
+    """One line of a prompt file (`<data folder>/prompts/*.jsonl`, see `data_dir`).
 
     `prompt` is the request text; a `messages` list (OpenAI chat format) may be given instead.
     """
@@ -31,6 +44,7 @@ class PromptRecord(BaseModel):
     domain: Domain
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    lang: str | None = None  # ISO 639-1 code of a non-English item; absent = English
 
     @model_validator(mode="after")
     def _has_request(self) -> PromptRecord:
@@ -49,7 +63,8 @@ class Example:
 
     `source` names where it came from; `group` is the held-out unit it belongs to: a prompt source
     for prompt items and for text derived from that source's references, `extra` for text from
-    elsewhere that is never evaluated.
+    elsewhere that is never evaluated. `lang` is the item's language (ISO 639-1, `en` when the record
+    has none); leave-one-language-out holds out every item (and every extra text) of one language.
     """
 
     request: str | list[dict[str, Any]]
@@ -58,6 +73,7 @@ class Example:
     group: str
     id: str = ""
     evaluate: bool = True
+    lang: str = "en"
 
 
 def read_prompt_dir(path: str | Path) -> tuple[list[Example], list[Path]]:
@@ -81,7 +97,10 @@ def read_prompt_dir(path: str | Path) -> tuple[list[Example], list[Path]]:
                     where = ".".join(str(p) for p in first.get("loc", ())) or "record"
                     raise UserError(f"{file}:{lineno}: {where}: {first.get('msg', 'invalid')}") from None
                 source = rec.source or file.stem
-                out.append(Example(rec.request, rec.domain, source, source, rec.id or f"{source}/{lineno}"))
+                lang = (rec.lang or "en").strip().lower() or "en"
+                out.append(
+                    Example(rec.request, rec.domain, source, source, rec.id or f"{source}/{lineno}", lang=lang)
+                )
     return out, files
 
 

@@ -211,6 +211,7 @@ def measure_latency(
             classify(r)
         for r in big[:20]:
             classify(r)
+
         def timed(r: Any, into_wall: np.ndarray, into_cpu: np.ndarray, i: int) -> None:
             c0 = cpu()
             t0 = wall()

@@ -161,17 +161,8 @@ class Classifier:
             trained_at=str(meta.get("trained_at", "")),
             metrics=dict(meta.get("metrics", {})),
         )
-        return cls(
-            w_dense=arrays["w_dense"],
-            w_nb=arrays["w_nb"],
-            nb=arrays["nb"],
-            bias=arrays["bias"],
-            mu=arrays["mu"],
-            sd=arrays["sd"],
-            temperature=float(arrays["temperature"]),
-            info=info,
-            config=config,
-        )
+        temperature = float(arrays.pop("temperature"))
+        return cls(**arrays, temperature=temperature, info=info, config=config)
 
     # -- scoring ----------------------------------------------------------------------------
 

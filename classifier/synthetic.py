@@ -210,27 +210,47 @@ def _math(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
+_CODE_TEMPLATES = """\
+How do I {task} in {lang}?
+What is the best way to {task} with {tech}?
+Can you show me how to {task} using {tech}? I'm new to {lang}.
+I'm getting an error when I try to {task} in {lang}. How can I fix it?
+Write a {lang} script to {task}.
+Explain how to {task} in {lang}, with a short example.
+My {tech} app crashes when I {task}. What could be wrong?
+What's the difference between a list and a tuple in {lang}?
+How can I set up {tech} on Ubuntu for a new project?
+Please review my approach: I want to {task} in {tech}. Is there a cleaner way?
+Using {tech}, I want to {task}. Where should I start?
+Is it possible to {task} in {lang} without an external library?
+Convert this logic to {lang}: {task}.
+I have a {tech} project and need to {task}. Can you give me the code?
+""".splitlines()
+
+
 def _code(rng: random.Random) -> str:
     lang = rng.choice(_LANGS)
     tech = rng.choice(_TECH)
     task = rng.choice(_CODE_TASKS)
-    templates = [
-        f"How do I {task} in {lang}?",
-        f"What is the best way to {task} with {tech}?",
-        f"Can you show me how to {task} using {tech}? I'm new to {lang}.",
-        f"I'm getting an error when I try to {task} in {lang}. How can I fix it?",
-        f"Write a {lang} script to {task}.",
-        f"Explain how to {task} in {lang}, with a short example.",
-        f"My {tech} app crashes when I {task}. What could be wrong?",
-        f"What's the difference between a list and a tuple in {lang}?",
-        f"How can I set up {tech} on Ubuntu for a new project?",
-        f"Please review my approach: I want to {task} in {tech}. Is there a cleaner way?",
-        f"Using {tech}, I want to {task}. Where should I start?",
-        f"Is it possible to {task} in {lang} without an external library?",
-        f"Convert this logic to {lang}: {task}.",
-        f"I have a {tech} project and need to {task}. Can you give me the code?",
-    ]
-    return rng.choice(templates)
+    return rng.choice(_CODE_TEMPLATES).format(lang=lang, tech=tech, task=task)
+
+
+_CHAT_TEMPLATES = """\
+Write a {genre} about {topic} in less than {words} words.
+Give me {k} tips for {topic}.
+List {k} interesting facts about {topic}. Use bullet points.
+Write a {genre} about {topic}. The word 'light' should appear at least {k} times.
+What happened in {year} that changed {topic}?
+Summarize the main arguments for and against {topic} in {k} sentences.
+Write a {genre} about {topic} with exactly {k} paragraphs, separated by ***.
+I have {k} days off next month. What should I do to relax?
+My friend and I disagree about {topic}. Can you explain both sides?
+Write a {words}-word {genre} for kids about {topic}. Do not use any commas.
+Rewrite this sentence in a more formal tone: 'we gotta talk about {topic} asap'.
+What are {k} good books about {topic}?
+Answer in {k} sentences: why do people care about {topic}?
+Pretend you are a tour guide in {year}. Describe your day in {k} short paragraphs.
+""".splitlines()
 
 
 def _chat(rng: random.Random) -> str:
@@ -239,23 +259,7 @@ def _chat(rng: random.Random) -> str:
     k = rng.randint(2, 12)
     words = rng.choice([50, 100, 150, 200, 300, 500])
     year = rng.randint(1800, 2020)
-    templates = [
-        f"Write a {genre} about {topic} in less than {words} words.",
-        f"Give me {k} tips for {topic}.",
-        f"List {k} interesting facts about {topic}. Use bullet points.",
-        f"Write a {genre} about {topic}. The word 'light' should appear at least {k} times.",
-        f"What happened in {year} that changed {topic}?",
-        f"Summarize the main arguments for and against {topic} in {k} sentences.",
-        f"Write a {genre} about {topic} with exactly {k} paragraphs, separated by ***.",
-        f"I have {k} days off next month. What should I do to relax?",
-        f"My friend and I disagree about {topic}. Can you explain both sides?",
-        f"Write a {words}-word {genre} for kids about {topic}. Do not use any commas.",
-        f"Rewrite this sentence in a more formal tone: 'we gotta talk about {topic} asap'.",
-        f"What are {k} good books about {topic}?",
-        f"Answer in {k} sentences: why do people care about {topic}?",
-        f"Pretend you are a tour guide in {year}. Describe your day in {k} short paragraphs.",
-    ]
-    return rng.choice(templates)
+    return rng.choice(_CHAT_TEMPLATES).format(topic=topic, genre=genre, k=k, words=words, year=year)
 
 
 def synthetic_examples(n_per_domain: int = 300, seed: int = 0) -> list[Example]:

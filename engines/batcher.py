@@ -15,6 +15,9 @@ The loop thread never touches asyncio objects: each request carries a `sink(Even
 worker's sink does `loop.call_soon_threadsafe(queue.put_nowait, event)`). Submission, cancellation
 and shutdown are messages into a thread-safe inbox; the waiting-queue bound is checked at
 submission time so a full queue is an immediate `QueueFull`.
+
+One step's draft -> D-Cut -> verify is `engines.step.decode_step`; request and event types are in
+`engines.requests`; building an engine and its batcher is `engines.factory`.
 """
 
 from __future__ import annotations
@@ -25,88 +28,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from engines.dcut import DcutController, prefix_scores
-from engines.sampling import SamplingParams
+from engines.dcut.controller import DcutController
+from engines.requests import (
+    BatcherConfig,
+    BatcherObserver,
+    Closed,
+    Event,
+    GenRequest,
+    Handle,
+    LoadSnapshot,
+    QueueFull,
+    RequestStats,
+    Sink,
+)
+from engines.spec import SpecDecoder
+from engines.step import decode_step
 from engines.stopping import StopState
 
 log = logging.getLogger("specroute.batcher")
-
-ENGINE_KINDS = ("ar", "mtp", "dflash", "dfly")
-
-
-class QueueFull(Exception):
-    """The waiting queue is at its bound (gRPC RESOURCE_EXHAUSTED)."""
-
-
-class Closed(Exception):
-    """The batcher is draining or stopped and admits nothing new (gRPC UNAVAILABLE)."""
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    max_running: int = 32          # cache slots = requests decoding at once
-    max_waiting: int = 128         # admitted but not yet in a slot
-    max_len: int = 1024            # context per request (prompt + output)
-    prefill_chunk: int = 128       # prompt tokens per prefill forward
-    prefill_budget: int = 256      # prompt tokens per step while other requests decode
-    k: int | None = None           # draft tokens per step (None: the drafter's max_draft)
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 128
-    stop: tuple[str, ...] = ()
-    request_id: str = ""
-    deadline: float | None = None   # time.monotonic() instant
-    disable_dcut: bool = False
-    domain: str = ""
-    pool: str = ""
-
-
-@dataclass
-class RequestStats:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    steps: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    ttft_s: float = 0.0
-    wall_s: float = 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per verification step, bonus included (vLLM convention)."""
-        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
-
-
-@dataclass
-class Event:
-    """One delta of a request's stream. `finish_reason` set on the last one:
-    stop | length | cancelled | deadline | error | shutdown."""
-
-    token_ids: list[int]
-    text: str
-    t: float                                   # time.perf_counter() when emitted
-    finish_reason: str = ""
-    stats: RequestStats | None = None
-    error: str = ""
-
-
-Sink = Callable[[Event], None]
-
-
-@dataclass(eq=False)
-class Handle:
-    request: GenRequest
-    sink: Sink
-    cancelled: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(eq=False)
@@ -130,32 +71,10 @@ class _Active:
         return self.handle.request
 
 
-class BatcherObserver:
-    """Hooks for metrics (called on the loop thread; keep them cheap). No-ops by default."""
-
-    def on_step(self, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float | None) -> None: ...
-
-    def on_tokens(self, n: int) -> None: ...
-
-    def on_load(self, running: int, waiting: int) -> None: ...
-
-    def on_finish(self, handle: Handle, stats: RequestStats, finish_reason: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class LoadSnapshot:
-    running: int
-    waiting: int
-    cache_usage: float
-    tokens_per_s: float
-    mean_accepted_length: float
-    max_running: int
-
-
 class Batcher:
     """Continuous batching over a `SpecDecoder` (any engine kind, AR included)."""
 
-    def __init__(self, decoder, decode_text: Callable[[list[int]], str], eos_ids: Sequence[int],
+    def __init__(self, decoder: SpecDecoder, decode_text: Callable[[list[int]], str], eos_ids: Sequence[int],
                  config: BatcherConfig, dcut: DcutController | None = None,
                  observer: BatcherObserver | None = None) -> None:
         if config.max_running > decoder.num_slots:
@@ -182,7 +101,6 @@ class Batcher:
         self._idle.set()
         self._recent: deque[tuple[float, int]] = deque()
         self._mal_ema = 0.0
-        self._cost_scale = 1.0
         self.steps = 0
         self.draft_steps = 0              # decode steps that verified drafts
         self.kept_fraction_sum = 0.0      # sum over those of D-Cut's kept fraction (1.0 when off)
@@ -358,92 +276,23 @@ class Batcher:
 
     def _decode(self) -> None:
         rows = self._running
-        slots = [a.slot for a in rows]
-        remaining = [a.stop.max_tokens - a.emitted for a in rows]
+        res = decode_step(self.decoder, [a.slot for a in rows], [a.stop.max_tokens - a.emitted for a in rows],
+                          self.k, self.dcut if self.dcut_enabled else None, [a.req.disable_dcut for a in rows],
+                          [(a.drafted_steps, a.drafted_tokens) for a in rows])
         self.decode_steps += 1
-        k = max(0, min(self.k, max(remaining) - 1))
-        dcut = self.dcut if self.dcut is not None and self.dcut.enabled else None
-        forced = [a.req.disable_dcut for a in rows]
-        picked = list(range(len(rows)))
-        if k > 0 and dcut is not None and not any(forced):
-            # all rows, none (a plain step) or a cheap probe of a few
-            picked = dcut.rows_to_draft([(a.drafted_steps, a.drafted_tokens) for a in rows])
-        if not picked:
-            k = 0
-        elif k > 0 and len(picked) < len(rows):
-            assert dcut is not None
-            self._probe_step(rows, slots, remaining, k, picked, dcut)
-            return
-        t0 = time.perf_counter()
-        keep: list[int]
-        sel = raw = None
-        proposal = self.decoder.draft(slots, k) if k > 0 else None
-        if proposal is None:
-            keep = [0] * len(rows)
-        else:
-            K = int(proposal.tokens.shape[1])
-            keep = [K] * len(rows)
-            if dcut is not None:
-                conf = proposal.conf.detach().float().cpu().numpy()
-                sel, raw = dcut.select(conf, forced)
-                keep = list(sel.keep)
-        keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
-        t1 = time.perf_counter()
-        groups = sel.groups if sel is not None and len(sel.groups) > 1 else None
-        if groups is None:
-            out = self.decoder.verify(slots, proposal, keep)
-        else:   # D-Cut's depth groups: one padded forward per group instead of one padded to the widest row
-            out = [[] for _ in rows]
-            for g in groups:
-                res = self.decoder.verify([slots[i] for i in g], _rows_of(proposal, g), [keep[i] for i in g])
-                for i, o in zip(g, res, strict=True):
-                    out[i] = o
-            self.verify_groups += len(groups) - 1
-        t2 = time.perf_counter()
-        accepted = [len(o) - 1 for o in out]
-        kept_fraction = None
-        if proposal is not None and proposal.tokens.shape[1]:
-            kept_fraction = sum(keep) / (len(rows) * int(proposal.tokens.shape[1]))
+        self.verify_groups += res.extra_forwards
+        if res.probe:
+            self.probe_steps += 1
+        elif res.kept_fraction is not None:
             self.draft_steps += 1
-            self.kept_fraction_sum += sel.kept_fraction if sel is not None else 1.0
-            self.rows_drafted += sum(1 for kp in keep if kp > 0)
-            self.accepted_total += sum(accepted)
-        if proposal is not None:
-            for a, o, kp in zip(rows, out, keep, strict=True):
-                if kp > 0:
-                    a.observe_drafted(len(o))
-        if sel is not None and raw is not None and dcut is not None:
-            steady = self.decoder.last_ingest <= 2 * self.k + 2   # not a catch-up on a long backlog
-            dcut.observe(raw, keep, accepted, kept_fraction or 0.0,
-                         overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel)
-        self.observer.on_step(keep, accepted, kept_fraction)
-        self._finish_step(rows, out)
-
-    def _probe_step(self, rows: list[_Active], slots: list[int], remaining: list[int], k: int,
-                    picked: list[int], dcut: DcutController) -> None:
-        """D-Cut's probe while plain steps win: draft for the `picked` rows so their acceptance estimate
-        stays current, verify them in their own forward and the others as a plain step."""
-        B = len(rows)
-        sub = self.decoder.draft([slots[i] for i in picked], k)
-        assert sub is not None
-        K = int(sub.tokens.shape[1])
-        keep = [max(0, min(K if i in picked else 0, r - 1)) for i, r in enumerate(remaining)]
-        out: list[list[int]] = [[] for _ in rows]
-        others = [i for i in range(B) if i not in picked]
-        for g, prop in ((picked, sub), (others, None)):
-            if g:
-                for i, o in zip(g, self.decoder.verify([slots[i] for i in g], prop, [keep[i] for i in g]), strict=True):
-                    out[i] = o
-        accepted = [len(o) - 1 for o in out]
-        dcut.observe(prefix_scores(sub.conf.detach().float().cpu().numpy()), [keep[i] for i in picked],
-                     [accepted[i] for i in picked], 1.0)
-        for i in picked:
-            rows[i].observe_drafted(len(out[i]))
-        self.probe_steps += 1
-        self.rows_drafted += sum(1 for i in picked if keep[i] > 0)
-        self.accepted_total += sum(accepted[i] for i in picked)
-        self.observer.on_step(keep, accepted, None)
-        self._finish_step(rows, out)
+            self.kept_fraction_sum += res.dcut_kept_fraction
+        if res.verified_drafts:
+            self.rows_drafted += sum(1 for kp in res.keep if kp > 0)
+            self.accepted_total += sum(res.accepted)
+        for i in res.drafted:
+            rows[i].observe_drafted(len(res.out[i]))
+        self.observer.on_step(res.keep, res.accepted, res.kept_fraction)
+        self._finish_step(rows, res.out)
 
     def _finish_step(self, rows: list[_Active], out: list[list[int]]) -> None:
         step_tokens = sum(len(o) for o in out)
@@ -477,11 +326,9 @@ class Batcher:
                              ttft_s=(a.t_first - a.handle.submitted) if a.t_first else 0.0,
                              wall_s=now - a.handle.submitted)
         if a.slot >= 0:
-            st = self.decoder.slots.get(a.slot) if hasattr(self.decoder, "slots") else None
+            st = self.decoder.slots.get(a.slot)
             if st is not None:
-                ss = st.stats
-                stats.drafted, stats.accepted, stats.steps = ss.drafted, ss.accepted, ss.steps
-                stats.accepted_per_position = list(ss.accepted_per_position)
+                stats.acceptance = st.stats        # the slot's record; released (never mutated) below
             self.decoder.release(a.slot)
             self._free.append(a.slot)
             self._free.sort()
@@ -514,73 +361,3 @@ class Batcher:
             with self._lock:
                 self._pending -= 1
             self._finish(a, reason)
-
-
-def _rows_of(proposal, rows: Sequence[int]):
-    """The proposal restricted to some rows (for verifying a subset of the batch)."""
-    import torch
-
-    idx = torch.tensor(list(rows), dtype=torch.long)
-    return type(proposal)(proposal.tokens[idx], proposal.conf[idx],
-                          proposal.probs[idx] if proposal.probs is not None else None)
-
-
-# --- building an engine ----------------------------------------------------------------------------
-
-
-@dataclass
-class Engine:
-    """A loaded model + drafter + decoder, ready to wrap in a Batcher."""
-
-    kind: str
-    target: object
-    drafter: object | None
-    decoder: object
-    tokenizer: object
-    model_dir: Path
-    block_size: int                  # draft tokens per step
-
-
-def build_engine(kind: str, model_dir: str | Path, num_slots: int, max_len: int | None = None,
-                 block_size: int | None = None, prefill_chunk: int = 128) -> Engine:
-    """Load target, tokenizer and (for speculative kinds) the drafter from `model_dir`."""
-    from engines.model import load_model
-    from engines.spec import SpecDecoder
-    from engines.tokenizer import Tokenizer
-    from specroute.errors import UserError
-
-    if kind not in ENGINE_KINDS:
-        raise UserError(f"unknown engine {kind!r} (expected one of {', '.join(ENGINE_KINDS)})")
-    model_dir = Path(model_dir)
-    target = load_model(model_dir)
-    tok = Tokenizer.load(model_dir)
-    drafter = None
-    if kind != "ar":
-        from engines.drafters.registry import load_drafter
-
-        drafter = load_drafter(kind, model_dir, target, block_size)
-        drafter.eval()
-    ctx = int(max_len or target.config.max_position_embeddings)
-    decoder = SpecDecoder(target, drafter, num_slots, ctx, prefill_chunk=prefill_chunk)
-    k = int(drafter.max_draft) if drafter is not None else 0
-    return Engine(kind, target, drafter, decoder, tok, model_dir, k)
-
-
-def make_batcher(engine: Engine, config: BatcherConfig, dcut: bool = False, threads: int = 1,
-                 profile_dir: str | Path | None = None, observer: BatcherObserver | None = None) -> Batcher:
-    controller = None
-    k = engine.block_size if config.k is None else min(config.k, engine.block_size)
-    if dcut and engine.drafter is not None and k > 0:
-        from engines.dcut import load_or_profile
-
-        table = load_or_profile(engine.target, engine.model_dir, k, threads, cache_dir=profile_dir,
-                                decoder=engine.decoder, context=min(256, max(8, config.max_len // 2)),
-                                capture=tuple(engine.drafter.capture_layers),
-                                batch_sizes=tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max(
-                                    config.max_running, 1)) or (1,))
-        controller = DcutController(table, k)
-    eos = set(getattr(engine.target.config, "eos_ids", ()))
-    eos.add(engine.tokenizer.eos_id)
-    return Batcher(engine.decoder, engine.tokenizer.decode, sorted(eos), config, controller, observer)
-
-

@@ -11,19 +11,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engines.drafters.base import Drafter
-from engines.model import Transformer, load_model
+from engines.drafters.registry import DRAFTERS, engine_kinds
+from engines.errors import EngineError
+from engines.factory import LoadedEngine, load_engine, new_decoder
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, spec_generate
-from engines.tokenizer import Tokenizer
+from engines.spec import spec_generate
 from specroute.errors import UserError
 
-ENGINES = ("ar", "mtp", "dflash", "dfly")
+
+def block_kinds() -> tuple[str, ...]:
+    """Drafters that take --block (read from the registry at call time)."""
+    return tuple(k for k, d in DRAFTERS.items() if not d.autoregressive)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specroute generate", description=__doc__.splitlines()[0])
     p.add_argument("prompt", help="user message (or raw text with --raw)")
     p.add_argument("--model", default="models/demo", help="model bundle directory (default: models/demo)")
-    p.add_argument("--engine", choices=ENGINES, default="ar")
-    p.add_argument("--block", type=int, default=None, help="block size for dflash/dfly (e.g. 8 or 16)")
+    p.add_argument("--engine", choices=engine_kinds(), default="ar")
+    p.add_argument("--block", type=int, default=None, help=f"block size for {'/'.join(block_kinds())} (e.g. 8 or 16)")
     p.add_argument("--k", type=int, default=None, help="drafts per step (default: the drafter's maximum)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -50,37 +52,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclass
-class Engine:
-    target: Transformer
-    tokenizer: Tokenizer
-    drafter: Drafter | None
-    k: int
-
-
-def load_engine(model_dir: str | Path, engine: str, block: int | None = None, k: int | None = None) -> Engine:
-    """Target + tokenizer + drafter for `engine`, validated (UserError on any mismatch)."""
-    if engine not in ENGINES:
-        raise UserError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
-    if block is not None and engine in ("ar", "mtp"):
-        raise UserError(f"--block applies to dflash/dfly; use --k for {engine}")
+def load(model_dir: str | Path, engine: str, block: int | None = None, k: int | None = None
+         ) -> tuple[LoadedEngine, int]:
+    """The engine for `engine` and its drafts per step, validated (UserError on any mismatch)."""
+    if block is not None and engine not in block_kinds():
+        raise UserError(f"--block applies to {'/'.join(block_kinds())}; use --k for {engine}")
     if k is not None and k < 1:
         raise UserError(f"--k must be >= 1, got {k}")
     if block is not None and block < 2:
         raise UserError(f"--block must be >= 2, got {block}")
-    target = load_model(model_dir)
-    tok = Tokenizer.load(model_dir)
-    if tok.vocab_size > target.config.vocab_size:
-        raise UserError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary is {target.config.vocab_size}")
-    if engine == "ar":
-        return Engine(target, tok, None, 0)
-    from engines.drafters.registry import load_drafter
+    try:
+        eng = load_engine(engine, model_dir, block_size=block)
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
+    if eng.drafter is None:
+        return eng, 0
+    if k is not None and k > eng.block_size:
+        what = f"this {engine} drafter" if eng.drafter.autoregressive else f"block {eng.block_size + 1}"
+        raise UserError(f"--k {k} is larger than {what} drafts per step ({eng.block_size})")
+    return eng, k or eng.block_size
 
-    drafter = load_drafter(engine, model_dir, target, block_size=block)
-    if k is not None and k > drafter.max_draft:
-        what = f"block {drafter.max_draft + 1}" if engine != "mtp" else "this mtp drafter"
-        raise UserError(f"--k {k} is larger than {what} drafts per step ({drafter.max_draft})")
-    return Engine(target, tok, drafter, k or drafter.max_draft)
+
+def label(eng: LoadedEngine, k: int) -> str:
+    """`ar`, `mtp k=3`, `dfly block=16 k=15`: the stats line's prefix."""
+    if eng.drafter is None:
+        return eng.kind
+    return f"{eng.kind} k={k}" if eng.drafter.autoregressive else f"{eng.kind} block={eng.block_size + 1} k={k}"
 
 
 def main(argv: list[str]) -> int:
@@ -96,20 +93,21 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if not args.prompt.strip():
         raise UserError("empty prompt")
-    eng = load_engine(args.model, args.engine, args.block, args.k)
+    eng, k = load(args.model, args.engine, args.block, args.k)
     ids = eng.tokenizer.encode(args.prompt) if args.raw else \
         eng.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     t0 = time.perf_counter()
-    max_len = eng.target.config.max_position_embeddings
-    dec = SpecDecoder(eng.target, eng.drafter, 1, max_len, sample_drafts=args.sample_drafts)
-    res = spec_generate(eng.target, eng.drafter, eng.tokenizer, ids, params, max_tokens=args.max_tokens,
-                        stop=tuple(args.stop), k=eng.k, decoder=dec)
+    dec = new_decoder(eng, 1, sample_drafts=args.sample_drafts)
+    try:
+        res = spec_generate(eng.target, eng.drafter, eng.tokenizer, ids, params, max_tokens=args.max_tokens,
+                            stop=tuple(args.stop), k=k, decoder=dec)
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
     wall = time.perf_counter() - t0
     print(res.text)
-    tps = res.completion_tokens / wall if wall > 0 else 0.0
-    label = args.engine + (f" block={eng.drafter.max_draft + 1} k={eng.k}" if eng.drafter is not None and args.engine != "mtp" else
-                           f" k={eng.k}" if args.engine == "mtp" else "")
-    print(f"[{label}] prompt={res.prompt_tokens} tokens={res.completion_tokens} steps={res.steps} "
-          f"mean_accepted_length={res.mean_accepted_length:.2f} tokens/s={tps:.1f} "
-          f"ttft_ms={res.ttft_s * 1e3:.0f} finish={res.finish_reason}", file=sys.stderr)
+    s = res.stats
+    tps = s.completion_tokens / wall if wall > 0 else 0.0
+    print(f"[{label(eng, k)}] prompt={s.prompt_tokens} tokens={s.completion_tokens} steps={s.acceptance.steps} "
+          f"mean_accepted_length={s.acceptance.mean_accepted_length:.2f} tokens/s={tps:.1f} "
+          f"ttft_ms={s.ttft_s * 1e3:.0f} finish={res.finish_reason}", file=sys.stderr)
     return 0

@@ -1,49 +1,35 @@
 """Plain autoregressive decoding: the baseline every speculative path must reproduce.
 
 Pure phase functions over a static slot cache (gpt-fast style): `prefill` (chunked) and
-`decode_one`. `ar_generate` strings them together for one request.
+`decode_one`, and `next_token` (greedy or sampled, as every path picks a token from logits).
+`ar_generate` strings them together for one request.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from engines.errors import check_room
 from engines.model import ForwardOut, KVCache, Transformer
+from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
-from specroute.errors import UserError
+from specroute.contracts.stats import AcceptanceStats
 
 
 @dataclass
 class GenerationResult:
+    """One request's output; `stats.acceptance.steps` counts target forwards after prefill."""
+
     text: str
     token_ids: list[int]
     finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    steps: int = 0                 # target forwards after prefill
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-    wall_s: float = 0.0
-    ttft_s: float = 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per verification step, bonus included (vLLM convention)."""
-        return (self.steps + self.accepted_tokens) / self.steps if self.steps else 0.0
-
-
-def check_room(model: Transformer, prompt_len: int, max_len: int) -> None:
-    if prompt_len == 0:
-        raise UserError("empty prompt")
-    if prompt_len >= max_len:
-        raise UserError(f"prompt is {prompt_len} tokens; the context holds {max_len} (prompt + output)")
+    stats: RequestStats
 
 
 @torch.no_grad()
@@ -84,7 +70,7 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
                 max_tokens: int = 128, stop: tuple[str, ...] = (), max_len: int | None = None,
                 cache: KVCache | None = None) -> GenerationResult:
     max_len = max_len or model.config.max_position_embeddings
-    check_room(model, len(prompt_ids), max_len)
+    check_room(len(prompt_ids), max_len)
     max_tokens = min(max_tokens, max_len - len(prompt_ids))
     cache = cache or KVCache.for_model(model.config, 1, max_len)
     gen = make_generator(params.seed)
@@ -105,8 +91,5 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
             break
         logits = decode_one(model, cache, 0, y)
         steps += 1
-    return GenerationResult(
-        text=state.text, token_ids=emitted, finish_reason=state.finish_reason,
-        prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), steps=steps,
-        wall_s=time.perf_counter() - t0, ttft_s=ttft,
-    )
+    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, AcceptanceStats(steps=steps))
+    return GenerationResult(state.text, emitted, state.finish_reason, stats)

@@ -184,13 +184,30 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.nh * hd, cfg.hidden_size, bias=False)
 
+    def query(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x [B, T, H] -> roped q [B, nh, T, hd]."""
+        B, T, _ = x.shape
+        return apply_rope(self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2), cos, sin)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, T, H] -> roped k, v [B, T, nkv, hd] (the layout the cache stores)."""
+        B, T, _ = x.shape
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)   # [B, nkv, T, hd]
+        return apply_rope(k, cos, sin).transpose(1, 2), self.v_proj(x).view(B, T, self.nkv, self.hd)
+
+    def attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """q [B, nh, T, hd], keys/values [B, L, nkv, hd], mask [B|1, 1, T, L] -> output [B, T, H]."""
+        B, _, T, _ = q.shape
+        out = F.scaled_dot_product_attention(
+            q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
+            attn_mask=mask, enable_gqa=self.nh != self.nkv,
+        )  # [B, nh, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, layer: int,
                 cache: KVCache | None, slots: Tensor | None) -> Tensor:
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)    # [B, nh, T, hd]
-        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)   # [B, nkv, T, hd]
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd)                   # [B, T, nkv, hd]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin).transpose(1, 2)  # k: [B, T, nkv, hd]
+        q = self.query(x, cos, sin)
+        k, v = self.kv(x, cos, sin)
         if cache is None:
             keys, values, k_pos = k, v, positions
         else:
@@ -198,13 +215,8 @@ class Attention(nn.Module):
             cache.write(layer, slots, positions, k.to(cache.k.dtype), v.to(cache.v.dtype))
             upto = int(positions.max()) + 1
             keys, values = cache.read(layer, slots, upto)  # [B, upto, nkv, hd]
-            k_pos = torch.arange(upto, device=x.device).expand(B, upto)
-        mask = causal_mask(positions, k_pos)
-        out = F.scaled_dot_product_attention(
-            q, keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
-            attn_mask=mask, enable_gqa=self.nh != self.nkv,
-        )  # [B, nh, T, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+            k_pos = torch.arange(upto, device=x.device).expand(x.shape[0], upto)
+        return self.attend(q, keys, values, causal_mask(positions, k_pos))
 
 
 class MLP(nn.Module):

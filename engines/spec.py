@@ -28,28 +28,17 @@ import torch
 from torch import Tensor
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
-from engines.generate import GenerationResult, check_room
+from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
+from engines.generate import GenerationResult, next_token
 from engines.model import KVCache, Transformer
-from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from engines.requests import RequestStats
+from engines.sampling import SamplingParams, logits_to_probs, make_generator
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
 from engines.verify import verify_greedy, verify_sample
-from specroute.errors import UserError
+from specroute.contracts.stats import AcceptanceStats
 
 MAX_DRAFT = 32  # widest draft a step may verify; the cache keeps this much headroom for pads
-
-
-@dataclass
-class SlotStats:
-    drafted: int = 0        # drafts verified (kept), summed over steps
-    accepted: int = 0       # drafts accepted
-    steps: int = 0          # verification steps (target forwards after prefill)
-    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps accepting d_{i+1}
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per verification step, bonus included (vLLM convention)."""
-        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
 
 
 @dataclass
@@ -82,7 +71,7 @@ class SlotState:
     prefilled: int = 0              # prompt tokens already in the cache
     y0: int | None = None           # last emitted token (not yet fed); None while prefilling
     pending: _Pending = field(default_factory=_Pending)
-    stats: SlotStats = field(default_factory=SlotStats)
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)   # drafted = kept drafts, per step
 
 
 @dataclass
@@ -102,7 +91,7 @@ class SpecDecoder:
         top-p, the drafter samples its drafts from its own distribution q (kept for the ratio test) instead
         of drafting greedily: both are lossless, sampling accepts more when the target's entropy is high."""
         if drafter is not None and drafter.target is not target:
-            raise UserError("drafter was built for a different target model")
+            raise DrafterMismatch("drafter was built for a different target model")
         self.target = target
         self.drafter = drafter
         self.num_slots = num_slots
@@ -125,7 +114,7 @@ class SpecDecoder:
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
         params.validate()
-        check_room(self.target, len(prompt_ids), self.max_len)
+        check_room(len(prompt_ids), self.max_len)
         self.cache.reset(slot)
         if self.drafter is not None:
             self.drafter.reset(slot)
@@ -146,7 +135,7 @@ class SpecDecoder:
         y0 = None
         if b == len(st.prompt):
             logits = self.target.logits(out.hidden[0, -1])           # [V]
-            y0 = self._first_token(logits, st)
+            y0 = next_token(logits, st.params, st.generator)
             st.y0 = y0
         if self.drafter is not None:
             nxt = st.prompt[a + 1:b + 1] + ([y0] if y0 is not None else [])
@@ -180,7 +169,7 @@ class SpecDecoder:
             st, n = self.slots[s], len(p)
             self.cache.lengths[s] = n
             st.prefilled = n
-            st.y0 = self._first_token(self.target.logits(out.hidden[b, n - 1]), st)
+            st.y0 = next_token(self.target.logits(out.hidden[b, n - 1]), st.params, st.generator)
             if feats is not None:
                 self._feat_dim = feats.shape[-1]
                 st.pending.append(feats[b, :n], 0, list(p[1:]) + [st.y0])
@@ -193,7 +182,7 @@ class SpecDecoder:
         if self.drafter is not None:
             self.drafter.reset(slot)
 
-    def stats(self, slot: int) -> SlotStats:
+    def stats(self, slot: int) -> AcceptanceStats:
         return self.slots[slot].stats
 
     def length(self, slot: int) -> int:
@@ -239,7 +228,7 @@ class SpecDecoder:
         if self.sample_drafts and len(modes) == 1 and not states[0].params.greedy:
             temperature, top_p = modes.pop()
             gen = states[0].generator if len(states) == 1 else self._draft_gen
-        setattr(self.drafter, "sample_drafts", temperature > 0.0)   # noqa: B010 (drafters' flag)
+        self.drafter.sample_drafts = temperature > 0.0
         proposal = self.drafter.propose(ctx, k, temperature, top_p, gen)
         self.timing.draft_s += time.perf_counter() - t0
         self.timing.draft_calls += 1
@@ -260,7 +249,7 @@ class SpecDecoder:
         kept = [max(0, min(int(keep[b]), K, MAX_DRAFT, self.room(s))) for b, s in enumerate(slots)]
         for s in slots:
             if self.length(s) >= self.max_len:
-                raise UserError(f"slot {s}: context of {self.max_len} tokens is full")
+                raise ContextFull(f"slot {s}: context of {self.max_len} tokens is full")
         W = max(kept, default=0)                                     # widest row's drafts
         drafts = proposal.tokens[:, :W].long() if proposal is not None else torch.zeros(B, 0, dtype=torch.long)
         tokens = torch.zeros(B, W + 1, dtype=torch.long)
@@ -297,14 +286,7 @@ class SpecDecoder:
             if feats is not None:
                 st.pending.append(feats[b, :a + 1], n, row)
             st.y0 = row[-1]
-            ss = st.stats
-            ss.steps += 1
-            ss.drafted += kept[b]
-            ss.accepted += a
-            if len(ss.accepted_per_position) < kept[b]:
-                ss.accepted_per_position += [0] * (kept[b] - len(ss.accepted_per_position))
-            for i in range(a):
-                ss.accepted_per_position[i] += 1
+            st.stats.record_step(kept[b], a)
             emitted.append(row)
         self.timing.verify_s += time.perf_counter() - t0
         self.timing.verify_calls += 1
@@ -321,12 +303,6 @@ class SpecDecoder:
             raise RuntimeError(f"slot {slot} has no prefilled request")
         return st
 
-    @staticmethod
-    def _first_token(logits: Tensor, st: SlotState) -> int:
-        if st.params.greedy:
-            return int(logits.argmax(-1))
-        return int(sample(logits_to_probs(logits, st.params.temperature, st.params.top_p), st.generator))
-
 
 @torch.no_grad()
 def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, prompt_ids: list[int],
@@ -337,10 +313,10 @@ def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, 
     Stop strings, EOS and max_tokens are applied token by token, so an accepted block is cut exactly
     where plain decoding would stop."""
     max_len = max_len or (decoder.max_len if decoder else target.config.max_position_embeddings)
-    check_room(target, len(prompt_ids), max_len)
+    check_room(len(prompt_ids), max_len)
     max_tokens = min(max_tokens, max_len - len(prompt_ids))
     if max_tokens <= 0:
-        raise UserError("max_tokens must be positive")
+        raise EngineError("max_tokens must be positive")
     dec = decoder or SpecDecoder(target, drafter, 1, max_len)
     state = StopState(tok.decode, frozenset(target.config.eos_ids), stop, max_tokens)
     t0 = time.perf_counter()
@@ -354,48 +330,6 @@ def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, 
         row = dec.verify([slot], proposal, [kk])[0]
         _, used = state.push_many(row)
         emitted += row[:used]
-    st = dec.stats(slot)
-    result = GenerationResult(
-        text=state.text, token_ids=emitted, finish_reason=state.finish_reason,
-        prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), steps=st.steps,
-        drafted_tokens=st.drafted, accepted_tokens=st.accepted,
-        accepted_per_position=list(st.accepted_per_position),
-        wall_s=time.perf_counter() - t0, ttft_s=ttft,
-    )
+    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, dec.stats(slot))
     dec.release(slot)
-    return result
-
-
-# --- losslessness check (shared by tests and the acceptance benchmark) -------------------------------
-@dataclass(frozen=True)
-class LosslessCheck:
-    identical: bool           # token lists equal
-    ok: bool                  # identical, or the first difference is a tolerated near-tie
-    position: int | None      # first differing output position
-    gap: float | None         # |logit(a) - logit(b)| of the two candidates there (fp32)
-    reason: str = ""
-
-
-@torch.no_grad()
-def check_lossless(target: Transformer, prompt_ids: Sequence[int], got: Sequence[int], ref: Sequence[int],
-                   tol: float = 1e-4) -> LosslessCheck:
-    """Compare a speculative output with plain greedy decoding. At the first differing position the
-    target's logits for the shared prefix (plain forward, no cache, fp32) must show a near-tie: the two
-    candidate tokens are both within `tol` of the maximum logit. Anything else is a bug."""
-    got, ref = list(got), list(ref)
-    if got == ref:
-        return LosslessCheck(True, True, None, None)
-    i = next((j for j, (x, y) in enumerate(zip(got, ref, strict=False)) if x != y), None)
-    if i is None:
-        return LosslessCheck(False, False, min(len(got), len(ref)), None,
-                             f"outputs have different lengths ({len(got)} vs {len(ref)}) with equal prefix")
-    seq = list(prompt_ids) + ref[:i]
-    hidden = target(torch.tensor([seq]), torch.arange(len(seq))[None]).hidden
-    logits = target.logits(hidden[0, -1]).float()
-    top = float(logits.max())
-    a, b = float(logits[got[i]]), float(logits[ref[i]])
-    gap = abs(a - b)
-    ok = gap < tol and top - a < tol and top - b < tol
-    reason = "" if ok else (f"first difference at output position {i}: got {got[i]} (logit {a:.6f}), "
-                            f"expected {ref[i]} (logit {b:.6f}), max logit {top:.6f}")
-    return LosslessCheck(False, ok, i, gap, reason)
+    return GenerationResult(state.text, emitted, state.finish_reason, stats)

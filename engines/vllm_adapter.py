@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from engines.batcher import Closed, Event, GenRequest, LoadSnapshot, QueueFull, RequestStats, Sink
-from engines.worker.backend import AsyncTaskBackend, BackendInfo
+from engines.requests import Event, GenRequest, LoadSnapshot, RequestStats, Sink
+from engines.worker.backend import AsyncTaskBackend, BackendInfo, TaskHandle
+from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
 VLLM_METHODS = ("mtp", "dflash")
@@ -106,8 +106,8 @@ def stats_from_vllm(spec: Any, prompt_tokens: int = 0, completion_tokens: int = 
     accepted = int(get("num_accepted_draft_tokens", 0) or sum(j * h for j, h in enumerate(hist)))
     drafted = int(get("num_draft_tokens", 0))
     per_pos = [sum(hist[j] for j in range(i + 1, len(hist))) for i in range(max(0, len(hist) - 1))]
-    return RequestStats(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, drafted=drafted,
-                        accepted=accepted, steps=steps, accepted_per_position=per_pos)
+    return RequestStats(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                        acceptance=AcceptanceStats(drafted, accepted, steps, per_pos))
 
 
 def find_spec_metrics(output: Any) -> Any:
@@ -139,15 +139,6 @@ def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> d
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
-@dataclass(eq=False)
-class _VllmHandle:
-    request: GenRequest
-    sink: Sink
-    request_id: str
-    task: asyncio.Task | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-
-
 class VllmBackend(AsyncTaskBackend):  # pragma: no cover - needs a GPU and vllm
     def __init__(self, settings, metrics=None) -> None:
         try:
@@ -166,28 +157,24 @@ class VllmBackend(AsyncTaskBackend):  # pragma: no cover - needs a GPU and vllm
                                 block_size=int(spec.get("num_speculative_tokens", 0)),
                                 max_context=int(settings.context_length or self.tokenizer.model_max_length),
                                 max_running=settings.max_running, max_waiting=settings.max_waiting)
-        self._active: set[_VllmHandle] = set()
+        self._active: set[TaskHandle] = set()
         self._closed = False
         self._n = 0
-        self._recent: list[tuple[float, int]] = []
 
     def tokenize(self, messages, prompt: str) -> list[int]:
         if messages:
             return list(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    def submit(self, request: GenRequest, sink: Sink) -> _VllmHandle:
-        if self._closed:
-            raise Closed("worker is shutting down")
-        if len(self._active) >= self.max_running + self.max_waiting:
-            raise QueueFull(f"waiting queue is full ({self.max_waiting} requests); retry later")
+    def submit(self, request: GenRequest, sink: Sink) -> TaskHandle:
+        self._admit()
         self._n += 1
-        h = _VllmHandle(request, sink, request.request_id or f"req-{self._n}")
+        h = TaskHandle(request, sink, request.request_id or f"req-{self._n}")
         self._active.add(h)
         h.task = asyncio.get_running_loop().create_task(self._run(h))
         return h
 
-    async def _run(self, h: _VllmHandle) -> None:
+    async def _run(self, h: TaskHandle) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -218,33 +205,13 @@ class VllmBackend(AsyncTaskBackend):  # pragma: no cover - needs a GPU and vllm
             self._active.discard(h)
 
     def _observe(self, s: RequestStats) -> None:
-        m = self.metrics
-        if m is None:
-            return
-        m.on_tokens(s.completion_tokens)
-        if s.steps:
-            m.num_drafts.inc(s.steps)
-            m.num_draft_tokens.inc(s.drafted)
-            m.num_accepted_tokens.inc(s.accepted)
-            for i, c in enumerate(s.accepted_per_position[: len(m._pos)]):
-                m._pos[i].inc(c)
+        if self.metrics is not None:
+            self.metrics.on_tokens(s.completion_tokens)
+            self.metrics.on_request_acceptance(s.acceptance)
 
     def stop(self) -> None:
         super().stop()
         self.llm.shutdown()
 
     def load(self) -> LoadSnapshot:
-        running = min(len(self._active), self.max_running)
-        return LoadSnapshot(running, len(self._active) - running, running / self.max_running, 0.0, 0.0,
-                            self.max_running)
-
-    def set_dcut(self, on: bool) -> bool:
-        return False
-
-    @property
-    def dcut_enabled(self) -> bool:
-        return False
-
-    @property
-    def kept_ratio(self) -> float:
-        return 1.0
+        return self._snapshot(0.0)

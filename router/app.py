@@ -12,8 +12,10 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
 
 from router.api import admin, health, openai
+from router.api.completions import serve
+from router.classification import ClassifyFn
 from router.errors import install_handlers
-from router.gateway import ClassifyFn, Gateway
+from router.gateway import Gateway
 from router.metrics import Metrics
 from router.schemas import ChatCompletionRequest, CompletionRequest
 from router.settings import Settings
@@ -23,7 +25,7 @@ VERSION = "0.1.0"
 
 class GatewayApp(FastAPI):
     """FastAPI with a fast path: `POST /v1/chat/completions` and `POST /v1/completions` go straight
-    to their ASGI handler (`router.api.openai.serve`, which produces every response and error of
+    to their ASGI handler (`router.api.completions.serve`, which produces every response and error of
     these endpoints itself), skipping the framework's middleware and routing. Everything else, and
     these paths under a root path, takes the normal route (which runs the same handler)."""
 
@@ -33,7 +35,7 @@ class GatewayApp(FastAPI):
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             kind = openai.FAST_PATHS.get(scope["path"])
             if kind is not None:
-                await openai.serve(self.gateway, kind, scope, receive, send)
+                await serve(self.gateway, kind, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 

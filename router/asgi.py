@@ -1,9 +1,11 @@
-"""Small ASGI helpers for the request hot path (router/api/openai.py): read a bounded body, send a
-whole response, and `DisconnectGuard`, which cancels the request's task when its client goes away."""
+"""Small ASGI helpers for the request hot path (router/api/completions.py): read a bounded body, send
+a whole response, convert headers, and `DisconnectGuard`, which cancels the request's task when its
+client goes away."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from starlette.types import Receive, Send
 
@@ -11,6 +13,16 @@ from router.errors import APIError
 
 Headers = list[tuple[bytes, bytes]]
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def raw_headers(headers: Mapping[str, str]) -> Headers:
+    """`{"name": "value"}` as ASGI header pairs (names lower-cased)."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def header_dict(headers: Headers) -> dict[str, str]:
+    """ASGI header pairs as `{"name": "value"}` (for `APIError.headers`)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
 
 
 class ClientDisconnected(Exception):

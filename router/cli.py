@@ -1,6 +1,8 @@
 """`specroute gateway`: run the OpenAI-compatible gateway (uvicorn, one process).
 
 Flags override `SPECROUTE_*` environment variables; see router/settings.py for every setting.
+Secrets belong in the environment or in files (`--admin-token-file`, `--api-key-file`): a token
+given as a flag is visible to every user of the machine in `ps`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", action="append", metavar="NAME=HOST:PORT[,HOST:PORT]",
                    help="a worker pool and its gRPC endpoints (repeat for several pools)")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
-    p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` "
-                                         "(prefer $SPECROUTE_ADMIN_TOKEN)")
+    p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
+                                         "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")
+    p.add_argument("--admin-token-file", help="file with the admin token(s), one per line or `name:token`")
     p.add_argument("--insecure-admin", action="store_true", default=None,
                    help="serve the admin API without a token (local development only)")
-    p.add_argument("--api-key", action="append", help="accepted client API key (repeat); default: no auth")
+    p.add_argument("--api-key", action="append", help="accepted client API key (repeat; visible in `ps`: prefer "
+                                                      "$SPECROUTE_API_KEYS or --api-key-file); default: no auth")
+    p.add_argument("--api-key-file", help="file with the accepted client API keys, one per line")
     p.add_argument("--model-name", help="served model id (default: the workers' model id)")
     p.add_argument("--request-timeout", type=float, dest="request_timeout_s", help="per-request deadline, s")
     p.add_argument("--gateway-feedback", action="store_true", default=None,
                    help="write acceptance feedback from the gateway (for workers that do not)")
+    p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
+                   help="on SIGTERM, seconds in-flight requests may take to finish (default 10)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -40,10 +47,12 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "redis_url", "insecure_admin", "model_name", "request_timeout_s",
-                "gateway_feedback", "log_level"):
+                "gateway_feedback", "log_level", "admin_token_file", "api_key_file", "drain_timeout_s"):
         val = getattr(args, key)
         if val is not None:
             overrides[key] = val
+    if "api_key_file" in overrides:
+        overrides["api_keys_file"] = overrides.pop("api_key_file")
     if args.pool:
         overrides["pools"] = ";".join(args.pool)
     if args.admin_token:
@@ -67,8 +76,14 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from router.app import create_app
+    from router.http_guard import uvicorn_options
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for flag in ("admin_token", "api_key"):
+        if getattr(args, flag):
+            logging.getLogger("specroute.gateway").warning(
+                "--%s puts a secret on the command line, where `ps` shows it to every user: use "
+                "--%s-file or the environment instead", flag.replace("_", "-"), flag.replace("_", "-"))
     if not settings.admin_enabled:
         logging.getLogger("specroute.gateway").warning(
             "admin API disabled: set SPECROUTE_ADMIN_TOKEN (or --insecure-admin for local development)")
@@ -78,5 +93,5 @@ def main(argv: list[str]) -> int:
     gc.collect()
     gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
-                loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
+                loop="uvloop", **uvicorn_options(settings))
     return 0

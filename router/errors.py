@@ -1,4 +1,8 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+`APIError` is the HTTP layer's exception; the core's domain errors (`StoreError` from the policy
+store, `UpstreamError` from opening a worker stream, gRPC status codes) are mapped to it here and
+nowhere else."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from router.store import StoreError, VersionConflict
+from router.upstream import NoWorker, UpstreamError, WorkerRejected
 
 _TYPES = {
     400: "invalid_request_error",
@@ -30,8 +37,13 @@ _TYPES = {
 }
 
 
+# seconds a client should wait before retrying a 429 (overloaded) or 503 (nothing can serve it now):
+# long enough for a health check to notice a worker coming back, short enough not to idle clients
+RETRY_AFTER_S = 1
+
+
 class APIError(Exception):
-    """An error that becomes an OpenAI error response."""
+    """An error that becomes an OpenAI error response (a 429 or 503 carries `Retry-After`)."""
 
     def __init__(
         self,
@@ -49,7 +61,9 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.type = type_ or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
+        if status in (429, 503):
+            self.headers.setdefault("retry-after", str(RETRY_AFTER_S))
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -74,18 +88,6 @@ _GRPC_STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.UNAUTHENTICATED: (401, "unauthenticated"),
 }
 
-# worker failures where another endpoint may succeed (only retried before the first token)
-RETRYABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN,
-     grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
-)
-# failures that count against an endpoint's circuit breaker (the endpoint is sick, not the request)
-ENDPOINT_FAILURES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
-     grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
-)
-
-
 def from_grpc(code: grpc.StatusCode, details: str | None) -> APIError:
     status, err_code = _GRPC_STATUS.get(code, (502, "worker_error"))
     msg = details or code.name.lower()
@@ -94,10 +96,38 @@ def from_grpc(code: grpc.StatusCode, details: str | None) -> APIError:
     return APIError(status, f"worker: {msg}", code=err_code)
 
 
+def policy_etag(version: int) -> str:
+    """The `ETag` of policy version `version` (what `If-Match` must echo)."""
+    return f'"{version}"'
+
+
+def from_store(exc: StoreError) -> APIError:
+    if isinstance(exc, VersionConflict):
+        return APIError(412, str(exc), code="version_conflict", headers={"etag": policy_etag(exc.current)})
+    return APIError(503, str(exc), code="store_unavailable")
+
+
+def from_upstream(exc: UpstreamError) -> APIError:
+    if isinstance(exc, WorkerRejected):
+        return from_grpc(exc.code, exc.details)
+    if isinstance(exc, NoWorker):
+        if exc.code is None:
+            return APIError(503, "no healthy worker for this request", code="no_healthy_pool")
+        err = from_grpc(exc.code, exc.details)
+        if err.status >= 500:
+            err = APIError(503, f"no worker could serve the request: {exc.details}", code="no_healthy_worker")
+        return err
+    return APIError(504, str(exc), code="deadline_exceeded")
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> Response:
         return exc.response()
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, exc: StoreError) -> Response:
+        return from_store(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -73,6 +73,10 @@ class Metrics:
         self.pool_healthy_endpoints = Gauge(
             "specroute_pool_healthy_endpoints", "Endpoints that can take requests", ["pool"], registry=r
         )
+        self.admin_auth_failures = Counter(
+            "specroute_admin_auth_failures_total", "Admin API requests refused for a missing or wrong token",
+            registry=r,
+        )
         self.snapshot_age_seconds = Gauge(
             "specroute_snapshot_age_seconds", "Age of the statistics snapshot", registry=r
         )

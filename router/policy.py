@@ -14,8 +14,9 @@ Order of precedence (first match wins):
                 `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
 6. `default`    the domain's default pool.
 
-Whenever the chosen pool is drained or unhealthy the decision walks `fallback_order` (then every
-pool) and says `fallback`; with nothing available the pool is `None` (`no_healthy_pool`).
+Whenever the chosen pool is drained or unhealthy the decision walks `fallback_order(policy)` (the
+policy's `fallback_order`, the safe pool, then every pool) and says `fallback`; with nothing
+available the pool is `None` (`no_healthy_pool`).
 
 Expected goodput of a pool for a domain (output tokens per second of one request):
 
@@ -33,15 +34,25 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from router.feedback import CellStats
+from specroute.contracts.feedback import CellStats
 
 DOMAINS: tuple[str, ...] = ("chat", "code", "math")
 UNKNOWN_DOMAIN = "unknown"
 WILDCARD = "*"
+
+# Size caps of a policy document. Every gateway pulls domains x pools statistics cells each second and
+# reads the document on every request, so its size is part of the format (the same for every gateway
+# that reads it from Redis), not a per-process setting.
+MAX_POOLS = 32
+MAX_DOMAINS = 16
+MAX_CANARIES = 16
+MAX_NAME_CHARS = 64
+
+PoolList = Annotated[list[str], Field(max_length=MAX_POOLS)]
 
 REASONS: tuple[str, ...] = (
     "pin",
@@ -87,19 +98,21 @@ class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: int = Field(default=0, ge=0, description="set by the store; ignored on write")
-    pools: list[str] = Field(min_length=1, description="pool names this policy routes between")
-    domains: list[str] = Field(default_factory=lambda: list(DOMAINS), min_length=1)
-    defaults: dict[str, str] = Field(description="default pool per domain")
+    pools: list[str] = Field(min_length=1, max_length=MAX_POOLS, description="pool names this policy routes between")
+    domains: list[str] = Field(default_factory=lambda: list(DOMAINS), min_length=1, max_length=MAX_DOMAINS)
+    defaults: dict[str, str] = Field(max_length=MAX_DOMAINS, description="default pool per domain")
     safe_pool: str
     uncertainty_threshold: float = Field(default=0.6, ge=0.0, le=1.0)
-    pins: dict[str, str] = Field(default_factory=dict, description="domain (or '*') -> pool; beats learning")
-    drained: list[str] = Field(default_factory=list, description="pools that receive no new requests")
-    canaries: list[Canary] = Field(default_factory=list)
+    pins: dict[str, str] = Field(default_factory=dict, max_length=MAX_DOMAINS + 1,
+                                 description="domain (or '*') -> pool; beats learning")
+    drained: PoolList = Field(default_factory=list, description="pools that receive no new requests")
+    canaries: list[Canary] = Field(default_factory=list, max_length=MAX_CANARIES)
     exploration_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     half_life_s: float = Field(default=300.0, gt=0.0, le=30 * 86400.0)
-    fallback_order: list[str] = Field(default_factory=list)
-    candidates: dict[str, list[str]] = Field(
-        default_factory=dict, description="pools learning may choose per domain (default: all pools)"
+    fallback_order: PoolList = Field(default_factory=list)
+    candidates: dict[str, PoolList] = Field(
+        default_factory=dict, max_length=MAX_DOMAINS,
+        description="pools learning may choose per domain (default: all pools)",
     )
     learning: Learning = Field(default_factory=Learning)
     comment: str = Field(default="", max_length=2000)
@@ -113,7 +126,13 @@ class Policy(BaseModel):
         for p in self.pools:
             if not p or not p.replace("-", "").replace("_", "").replace(".", "").isalnum():
                 errors.append(f"pool name {p!r} must be non-empty [A-Za-z0-9._-]")
+            if len(p) > MAX_NAME_CHARS:
+                errors.append(f"pool name {p[:20]!r}... is longer than {MAX_NAME_CHARS} characters")
         domains = set(self.domains)
+        if len(domains) != len(self.domains):
+            errors.append("domains must be unique")
+        errors += [f"domain name {d[:20]!r}... is longer than {MAX_NAME_CHARS} characters"
+                   for d in self.domains if len(d) > MAX_NAME_CHARS]
 
         def ref(where: str, pool: str) -> None:
             if pool not in pools:
@@ -276,6 +295,15 @@ def expected_goodput(
     return goodput
 
 
+def fallback_order(policy: Policy, first: str | None = None) -> list[str]:
+    """Where a request goes when its pool cannot serve it, in order: `first` (the chosen pool, if
+    any), `fallback_order`, the safe pool, then every pool; drained pools left out (but `first`).
+    `decide` falls back along it, and the gateway retries along it before the first token."""
+    drained = set(policy.drained)
+    order = [p for p in [*policy.fallback_order, policy.safe_pool, *policy.pools] if p not in drained]
+    return list(dict.fromkeys([first, *order] if first else order))
+
+
 def decide(
     probabilities: Mapping[str, float],
     uncertainty: float,
@@ -293,7 +321,7 @@ def decide(
         return p in policy.pools and p not in drained and st is not None and st.healthy
 
     def fallback() -> Decision:
-        for p in [*policy.fallback_order, policy.safe_pool, *policy.pools]:
+        for p in fallback_order(policy):
             if available(p):
                 return Decision(p, domain, "fallback")
         return Decision(None, domain, "no_healthy_pool")

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.policy import PoolState
-from router.tasks import stop_tasks
+from router.tasks import run_every, stop_tasks
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("specroute.gateway.pools")
@@ -173,17 +173,9 @@ class PoolManager:
         for e in self.endpoints():
             e.connect()
         await self.check_all()
-        self._task = asyncio.create_task(self._loop(), name="specroute-pool-health")
-
-    async def _loop(self) -> None:
-        while not self._closing:
-            await asyncio.sleep(self.health_interval_s)
-            if self._closing:
-                return
-            try:
-                await self.check_all()
-            except Exception:  # pragma: no cover - never let the loop die
-                log.exception("health loop")
+        self._task = asyncio.create_task(
+            run_every(self.health_interval_s, self.check_all, lambda: self._closing, "health loop"),
+            name="specroute-pool-health")
 
     async def close(self) -> None:
         """Stop the health/Load poller (and wait for it), then close every channel."""
@@ -235,3 +227,8 @@ class PoolManager:
     def max_context(self, pool: str) -> int:
         vals = [e.info.max_context for e in self.pools.get(pool, ()) if e.info is not None and e.info.max_context]
         return min(vals) if vals else 0
+
+    def largest_context(self) -> int:
+        """The largest context any known worker has (0 = none known yet): a prompt that does not fit
+        it fits no pool."""
+        return max((e.info.max_context for e in self.endpoints() if e.info is not None), default=0)

@@ -6,11 +6,12 @@ Unknown OpenAI parameters are accepted and ignored (like vLLM); parameters we ca
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from router.errors import APIError
+from specroute.contracts.limits import MAX_STOP_CHARS
 
 INT32_MAX = 2**31 - 1
 INT64 = 2**63
@@ -71,6 +72,11 @@ class _Sampling(BaseModel):
                 raise ValueError("at most 4 stop sequences")
             if any(not s for s in v):
                 raise ValueError("stop sequences must be non-empty")
+        for s in [v] if isinstance(v, str) else v or ():
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"each stop sequence must be at most {MAX_STOP_CHARS} characters")
+            if "\x00" in s:
+                raise ValueError("stop sequences must not contain null bytes")
         return v
 
     def stop_list(self) -> list[str]:
@@ -93,11 +99,19 @@ class _Sampling(BaseModel):
                            code="invalid_value")
 
 
+def reject_null_bytes(text: str, param: str) -> None:
+    """A prompt must not contain NUL characters (they are no text, and tokenizers disagree about them)."""
+    if "\x00" in text:
+        raise APIError(400, f"{param} must not contain null bytes (\\u0000)", param=param, code="invalid_value")
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    functions: list[dict[str, Any]] | None = None  # the legacy form of `tools`: refused the same way
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
 
     def effective_max_tokens(self) -> int | None:
@@ -107,6 +121,10 @@ class ChatCompletionRequest(_Sampling):
         self.common_checks()
         if self.tools:
             raise APIError(400, "tools are not supported", param="tools", code="unsupported_parameter")
+        if self.functions or self.function_call not in (None, "none"):
+            param = "functions" if self.functions else "function_call"
+            raise APIError(400, "functions (the legacy form of tools) are not supported", param=param,
+                           code="unsupported_parameter")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise APIError(400, "only response_format type 'text' is supported", param="response_format",
                            code="unsupported_parameter")
@@ -114,11 +132,18 @@ class ChatCompletionRequest(_Sampling):
             if m.role == "tool":
                 raise APIError(400, "tool messages are not supported", param=f"messages.{i}.role",
                                code="unsupported_parameter")
+            reject_null_bytes(m.text(), f"messages.{i}.content")
         if not any(m.role == "user" for m in self.messages) and not any(m.text() for m in self.messages):
             raise APIError(400, "messages must contain some text", param="messages", code="invalid_value")
 
     def wire_messages(self) -> list[tuple[str, str]]:
         return [("system" if m.role == "developer" else m.role, m.text()) for m in self.messages]
+
+    def prompt_texts(self) -> list[str]:
+        """What the prompt is made of (for the size bound before tokenizing)."""
+        return [m.text() for m in self.messages]
+
+    prompt_param: ClassVar[str] = "messages"
 
 
 class CompletionRequest(_Sampling):
@@ -137,6 +162,12 @@ class CompletionRequest(_Sampling):
             raise APIError(400, "suffix is not supported", param="suffix", code="unsupported_parameter")
         if not self.prompt_text():
             raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+        reject_null_bytes(self.prompt_text(), "prompt")
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def prompt_texts(self) -> list[str]:
+        return [self.prompt_text()]
+
+    prompt_param: ClassVar[str] = "prompt"

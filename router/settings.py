@@ -5,7 +5,9 @@ Static process configuration only; the live routing policy is a separate documen
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -44,8 +46,15 @@ def parse_pools(value: Any) -> dict[str, list[str]]:
     return pools
 
 
+def token_name(token: str) -> str:
+    """The name an unnamed token is known by (audit actor, logs): a short fingerprint, so two
+    unnamed tokens stay apart and neither is revealed."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:8]
+
+
 def parse_keys(value: Any) -> dict[str, str]:
-    """API or admin tokens: `token`, `name:token`, comma separated (or a JSON mapping name -> token)."""
+    """API or admin tokens: `token`, `name:token`, comma separated (or a JSON mapping name -> token).
+    An unnamed token is named by its fingerprint (`token_name`)."""
     if value is None or value == "":
         return {}
     if isinstance(value, SecretStr):
@@ -60,13 +69,24 @@ def parse_keys(value: Any) -> dict[str, str]:
             return {str(k): str(v) for k, v in json.loads(text).items()}
         items = [t for t in (x.strip() for x in text.split(",")) if t]
     out: dict[str, str] = {}
-    for i, item in enumerate(items):
+    for item in items:
         name, sep, token = item.partition(":")
         if sep and name and token:
             out[name] = token
         else:
-            out[f"key{i}" if len(items) > 1 else "default"] = item
+            out[token_name(item)] = item
     return out
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """The token(s) in a file (kept out of argv, where `ps` shows them to every user)."""
+    try:
+        lines = [x.strip() for x in path.read_text(encoding="utf-8").splitlines()]
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not any(lines):
+        raise ValueError(f"the {what} file {path} is empty")
+    return ",".join(x for x in lines if x)  # one token per line, or the comma-separated form
 
 
 class Settings(BaseSettings):
@@ -87,8 +107,10 @@ class Settings(BaseSettings):
         default_factory=dict,
         validation_alias=AliasChoices("SPECROUTE_ADMIN_TOKEN", "SPECROUTE_ADMIN_TOKENS", "admin_tokens"),
     )
+    admin_token_file: Path | None = Field(default=None, description="file holding the admin token(s)")
     insecure_admin: bool = False
     api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    api_keys_file: Path | None = Field(default=None, description="file holding the client API key(s)")
 
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
@@ -102,6 +124,14 @@ class Settings(BaseSettings):
     gateway_feedback: bool = Field(
         default=False, description="also write per-request feedback from the gateway (for workers that do not)"
     )
+    # HTTP connections (router/http_guard.py): a client gets this long to send a request's headers,
+    # then its body; idle keep-alive connections close after `keepalive_timeout_s`; connections over
+    # `max_connections` get a 503 at once
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    keepalive_timeout_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=2048, ge=1)
+    drain_timeout_s: float = Field(default=10.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 
@@ -126,6 +156,11 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.redis_url == "":
             self.redis_url = None
+        if self.admin_token_file is not None:
+            self.admin_tokens = {**parse_keys(read_secret_file(self.admin_token_file, "admin token")),
+                                 **self.admin_tokens}
+        if self.api_keys_file is not None:
+            self.api_keys = {**parse_keys(read_secret_file(self.api_keys_file, "API key")), **self.api_keys}
         return self
 
     @property

@@ -3,16 +3,19 @@
 - `specroute:policy`: the current policy JSON (with `version`).
 - `specroute:policy:versions`: list of history entries `{version, time, actor, action, diff, policy}`.
 - `specroute:policy:events`: pub/sub channel; every write publishes the new document.
-- `specroute:stats:{domain}:{pool}`: decayed aggregates written by workers (router/feedback.py).
+- `specroute:stats:{domain}:{pool}`: decayed aggregates written by workers (specroute/contracts/feedback.py).
 
 Writes are compare-and-set in one Lua script (version check, SET, history append, PUBLISH), so
 two admins racing cannot both win: the loser gets `VersionConflict` (HTTP 412).
+
+The store's failures are domain errors (`StoreError` and its subclasses); the API layer
+(router/errors.py) turns them into HTTP responses.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -20,8 +23,8 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from router.feedback import POLICY_KEY, PREFIX, CellStats, stats_key
 from router.policy import Policy, diff_policies
+from specroute.contracts.feedback import POLICY_KEY, PREFIX, CellStats, stats_key
 
 VERSIONS_KEY = PREFIX + "policy:versions"
 EVENTS_CHANNEL = PREFIX + "policy:events"
@@ -43,10 +46,31 @@ return {1, v + 1}
 """
 
 
-class VersionConflict(Exception):
-    def __init__(self, current: int) -> None:
-        super().__init__(f"policy version is {current}")
+class StoreError(Exception):
+    """A policy-store operation that could not be done (mapped to an HTTP error by the API layer)."""
+
+
+class StoreUnavailable(StoreError):
+    """Redis failed (down, timed out, or answered garbage) during a policy-store operation."""
+
+    def __init__(self, cause: BaseException | str) -> None:
+        super().__init__(f"policy store unavailable: {cause}")
+
+
+class StoreNotConfigured(StoreUnavailable):
+    """The gateway runs without Redis, so there is nothing to write to."""
+
+    def __init__(self) -> None:
+        StoreError.__init__(self, "no policy store configured (set SPECROUTE_REDIS_URL)")
+
+
+class VersionConflict(StoreError):
+    """The stored policy is at version `current`, not the `expected` one the write was based on."""
+
+    def __init__(self, current: int, expected: int | None = None) -> None:
+        super().__init__(f"policy changed meanwhile: current version is {current}, If-Match was {expected}")
         self.current = current
+        self.expected = expected
 
 
 def dump_policy(p: Policy) -> bytes:
@@ -89,8 +113,10 @@ class PolicyStore:
         action: str = "put",
         note: str = "",
         old: Policy | None = None,
+        audit: Mapping[str, Any] | None = None,
     ) -> Policy:
-        """Write `new` as version `expected_version + 1` if the current version is `expected_version`."""
+        """Write `new` as version `expected_version + 1` if the current version is `expected_version`
+        (`audit`: extra fields of the history entry, e.g. that the write was forced)."""
         doc = new.model_copy(update={"version": expected_version + 1})
         data = doc.model_dump(mode="json")
         entry = {
@@ -101,13 +127,14 @@ class PolicyStore:
             "note": note,
             "diff": diff_policies(old.model_dump(mode="json") if old is not None else None, data),
             "policy": data,
+            **(audit or {}),
         }
         ok, current = await self._cas(
             keys=[POLICY_KEY, VERSIONS_KEY],
             args=[expected_version, orjson.dumps(data), orjson.dumps(entry), EVENTS_CHANNEL, MAX_HISTORY],
         )
         if not int(ok):
-            raise VersionConflict(int(current))
+            raise VersionConflict(int(current), expected_version)
         return doc
 
     async def init(self, default: Policy) -> Policy:

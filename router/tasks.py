@@ -7,15 +7,16 @@ CPython gh-86296), and redis-py wraps every command it sends in `asyncio.wait_fo
 timeout is set. The cancellation is then silently dropped, the loop goes round again, and a
 shutdown that awaits the task waits forever (this hung the gateway's lifespan exit in tests).
 
-So every background loop also checks an explicit stop flag, and `stop_tasks` re-sends the
-cancellation until each task has really finished (bounded by a timeout, never an endless wait).
+So every background loop also checks an explicit stop flag (`run_every` does it for the periodic
+ones), and `stop_tasks` re-sends the cancellation until each task has really finished (bounded by a
+timeout, never an endless wait).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 log = logging.getLogger("specroute.gateway.tasks")
 
@@ -44,3 +45,17 @@ async def stop_tasks(
         if t.done() and not t.cancelled() and t.exception() is not None:
             log.error("background task %s failed", t.get_name(), exc_info=t.exception())
     return list(pending)
+
+
+async def run_every(interval_s: float, step: Callable[[], Awaitable[None]], stopped: Callable[[], bool],
+                    what: str) -> None:
+    """Await `step()` every `interval_s` seconds until `stopped()`; a failed step is logged and the
+    loop goes on (a background loop must never die of one error)."""
+    while not stopped():
+        await asyncio.sleep(interval_s)
+        if stopped():
+            return
+        try:
+            await step()
+        except Exception:  # pragma: no cover - never let the loop die
+            log.exception("%s", what)

@@ -13,7 +13,7 @@ import sys
 from specroute.errors import UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("router.serve", "start Redis, an MTP worker, a DFly worker and the gateway"),
+    "serve": ("specroute.serve", "start Redis, an MTP worker, a DFly worker and the gateway"),
     "gateway": ("router.cli", "run the OpenAI-compatible gateway"),
     "worker": ("engines.worker.cli", "run a gRPC engine worker"),
     "generate": ("engines.cli_generate", "one-off generation with acceptance stats"),

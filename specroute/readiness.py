@@ -1,4 +1,4 @@
-"""Waiting for freshly started processes (workers, gateways, Redis) to become ready.
+"""Starting processes on loopback ports (workers, gateways, Redis) and waiting for them to be ready.
 
 Shared by `specroute serve`, the gateway benchmark and the end-to-end tests, each of which turns a
 timeout or a dead process into its own kind of error.
@@ -6,9 +6,17 @@ timeout or a dead process into its own kind of error.
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.request
 from collections.abc import Callable
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a child process to bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def poll_until(check: Callable[[], object], timeout: float, interval: float = 0.25,

@@ -6,15 +6,15 @@
 Token lists must be identical; the only tolerated difference is a near-tie at the first differing
 position (the target's two candidate logits, recomputed with a plain no-cache fp32 forward over the
 shared prefix, differ by less than 1e-4 and both are the maximum within 1e-4). See
-`engines.spec.check_lossless`.
+`engines.lossless.check_lossless`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engines.lossless import LosslessCheck, check_lossless
 from engines.model import Transformer
-from engines.spec import LosslessCheck, check_lossless
 
 
 def assert_lossless(target: Transformer, prompt_ids: Sequence[int], got: Sequence[int], ref: Sequence[int],

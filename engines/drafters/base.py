@@ -12,7 +12,8 @@ Rows are ragged (different numbers of new positions); padding entries continue t
 past the last valid one and are marked invalid, so writing them into a positional cache only
 touches the speculative zone that later steps overwrite.
 
-A new method is one new file with a `Drafter` subclass and one line in `registry.py`.
+A new method is one new file with a `Drafter` subclass and one line in `registry.py`: the engine,
+the CLIs, training and benchmarks read everything they need from the traits declared below.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from engines.drafters.config import DraftConfig
 from engines.drafters.head import DraftHead
 from engines.model import ForwardOut, Transformer
 
@@ -61,21 +63,51 @@ class Drafter(nn.Module):
     # True: drafts one token per call, k calls a step (MTP, EAGLE); `--block-size N` means k = N.
     # False: one parallel pass drafts a whole block (DFlash, DFly); `--block-size N` drafts N - 1.
     autoregressive: ClassVar[bool] = False
+    # training loss family (engines/training/losses): "chain" unrolls the drafter's own chain
+    # (training-time test; needs `step` and `head`), "block" scores anchored blocks (needs
+    # `context_kv`, `backbone`, `draft_logits`)
+    objective: ClassVar[str] = ""
+    objective_note: ClassVar[str] = ""   # appended to the family's description in the training report
+
+    cfg: DraftConfig
 
     @classmethod
     def label(cls, draft_len: int) -> str:
         """Human label for a configuration drafting `draft_len` tokens a step ("mtp k=3", "dfly b16")."""
         return f"{cls.kind} k={draft_len}" if cls.autoregressive else f"{cls.kind} b{draft_len + 1}"
 
-    def __init__(self, target: Transformer, draft_vocab_size: int = 0) -> None:
+    @classmethod
+    def config_overrides(cls, target: Transformer) -> dict[str, object]:
+        """This kind's defaults on top of `DraftConfig.for_target` (depth, captured layers, block...)."""
+        return {}
+
+    @classmethod
+    def default_config(cls, target: Transformer, **overrides: object) -> DraftConfig:
+        """Defaults for a drafter of this kind for `target`; `overrides` win."""
+        return DraftConfig.for_target(target, kind=cls.kind, **{**cls.config_overrides(target), **overrides})
+
+    def __init__(self, target: Transformer, cfg: DraftConfig | None = None) -> None:
         super().__init__()
         # kept out of the module tree so state_dict() never includes target weights
         object.__setattr__(self, "target", target)
-        self.register_buffer("draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long))
+        if cfg is not None:   # test doubles may run without a config
+            self.cfg = cfg
+        n_vocab = cfg.draft_vocab_size if cfg is not None else 0
+        self.register_buffer("draft_vocab", torch.zeros(n_vocab, dtype=torch.long))
         self.head_dtype: torch.dtype | None = None
         self._head: DraftHead | None = None
         # at T > 0: sample drafts from q (True) or draft greedily, q one-hot (False); set by the engine
         self.sample_drafts: bool = False
+
+    def reset_parameters(self) -> None:
+        """Fresh training initialisation of the drafter's own weights."""
+        raise NotImplementedError
+
+    def set_block_size(self, block_size: int) -> None:
+        """Run at `--block-size N`. Autoregressive drafters draft k = N a step, which the engine
+        passes to `propose`: nothing to store. Block drafters override this (blocks of N)."""
+        if block_size < 1:
+            raise ValueError(f"{self.kind}: draft length must be >= 1, got {block_size}")
 
     # --- what the drafter needs from the target -------------------------------------------------
     @property
@@ -118,9 +150,8 @@ class Drafter(nn.Module):
         if ids.numel() >= self.target.config.vocab_size:
             ids = ids[:0]
         self.draft_vocab = ids.to(self.draft_vocab.device)
-        cfg = getattr(self, "cfg", None)   # every drafter's DraftConfig records the size
-        if cfg is not None:
-            self.cfg = cfg.model_copy(update={"draft_vocab_size": int(ids.numel())})
+        if hasattr(self, "cfg"):   # every drafter's DraftConfig records the size
+            self.cfg = self.cfg.model_copy(update={"draft_vocab_size": int(ids.numel())})
         self._head = None
 
     def configure_head(self, dtype: torch.dtype | None = None) -> None:

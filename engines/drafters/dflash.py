@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
-from engines.drafters.layers import DraftConfig, DraftLayer, empty_proposal, write_valid
+from engines.drafters.config import MASK_TOKEN_ID, DraftConfig, default_target_layers
+from engines.drafters.layers import DraftLayer, empty_proposal, write_valid
 from engines.model import ForwardOut, KVCache, RMSNorm, Transformer, init_weights, rope_cos_sin
 
 
@@ -31,12 +32,18 @@ def fusion_prior(num_layers: int, num_sources: int) -> Tensor:
 
 class DFlashDrafter(Drafter):
     kind = "dflash"
+    objective = "block"
+
+    @classmethod
+    def config_overrides(cls, target: Transformer) -> dict[str, object]:
+        """Two layers reading 3 target layers, block 16."""
+        return dict(num_layers=2, target_layer_ids=default_target_layers(target.config.num_hidden_layers),
+                    block_size=16, mask_token_id=MASK_TOKEN_ID)
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
-        super().__init__(target, cfg.draft_vocab_size)
         if cfg.mask_token_id is None or cfg.block_size < 2 or not cfg.target_layer_ids:
             raise ValueError("block drafters need mask_token_id, block_size >= 2 and target_layer_ids")
-        self.cfg = cfg
+        super().__init__(target, cfg)
         H, n = cfg.hidden_size, len(cfg.target_layer_ids)
         self.fc = nn.Linear(n * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -46,7 +53,6 @@ class DFlashDrafter(Drafter):
             self.fusion_weights = nn.Parameter(fusion_prior(cfg.num_layers, n))
         self.block_size = cfg.block_size
         self.cache: KVCache | None = None
-        self.sample_drafts = False
 
     def reset_parameters(self) -> None:
         init_weights(self, num_layers=self.cfg.num_layers)
@@ -70,7 +76,7 @@ class DFlashDrafter(Drafter):
 
     def set_block_size(self, block_size: int) -> None:
         if block_size < 2:
-            raise ValueError(f"block size must be >= 2, got {block_size}")
+            raise ValueError(f"{self.kind}: block size must be >= 2, got {block_size}")
         self.block_size = block_size
 
     def allocate(self, num_slots: int, max_len: int) -> None:

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.drafters.base import DraftContext, Proposal
+from engines.drafters.config import DraftConfig
 from engines.drafters.dflash import DFlashDrafter
-from engines.drafters.layers import DraftConfig, empty_proposal
+from engines.drafters.layers import empty_proposal
 from engines.model import RMSNorm, Transformer
 
 
@@ -45,6 +46,13 @@ class Correction(nn.Module):
 
 class DFlyDrafter(DFlashDrafter):
     kind = "dfly"
+    objective_note = "correction head teacher-forced"
+
+    @classmethod
+    def config_overrides(cls, target: Transformer) -> dict[str, object]:
+        """DFlash's, with fusion and a correction head as wide as the target."""
+        return {**super().config_overrides(target), "fusion": True,
+                "correction_intermediate_size": target.config.hidden_size}
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
         if not cfg.fusion or cfg.correction_intermediate_size <= 0:

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
+from engines.drafters.config import DraftConfig
 from engines.drafters.layers import (
-    DraftConfig,
     DraftLayer,
     KVFn,
     empty_proposal,
@@ -32,10 +32,10 @@ CACHE_SLACK = 64  # room for speculative chain entries past the target's max len
 class MTPDrafter(Drafter):
     kind = "mtp"
     autoregressive = True
+    objective = "chain"
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
-        super().__init__(target, cfg.draft_vocab_size)
-        self.cfg = cfg
+        super().__init__(target, cfg)
         H = cfg.hidden_size
         self.enorm = RMSNorm(H, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
@@ -43,7 +43,6 @@ class MTPDrafter(Drafter):
         self.layer = DraftLayer(cfg.layer_config())
         self.cache: KVCache | None = None
         self.last_out = torch.zeros(0)
-        self.sample_drafts = False
 
     def reset_parameters(self) -> None:
         init_weights(self, num_layers=1)

@@ -1,4 +1,5 @@
-"""Drafter kinds by name, and their files: `<bundle>/drafters/<kind>/{config.json,model.safetensors}`.
+"""Drafter kinds by name (the one registry: every list of kinds is derived from `DRAFTERS`), and
+their files: `<bundle>/drafters/<kind>/{config.json,model.safetensors}`.
 
 The files hold only the drafter's own weights (bf16); the target's embedding and LM head are shared
 at load time. Loading checks the drafter against the target (hidden size, vocabulary, depth, layer
@@ -15,9 +16,9 @@ import torch
 from pydantic import ValidationError
 
 from engines.drafters.base import Drafter
+from engines.drafters.config import DraftConfig, target_fingerprint
 from engines.drafters.dflash import DFlashDrafter
 from engines.drafters.dfly import DFlyDrafter
-from engines.drafters.layers import DraftConfig, build_target_layer_ids, target_fingerprint
 from engines.drafters.mtp import MTPDrafter
 from engines.model import Transformer
 from specroute.errors import UserError
@@ -29,43 +30,22 @@ DRAFTERS: dict[str, type[Drafter]] = {
 }
 
 
-
 def engine_kinds() -> tuple[str, ...]:
     """Every engine `--engine` accepts that runs our own target: plain AR plus each drafter."""
     return ("ar", *DRAFTERS)
 
 
-MASK_TOKEN_ID = 2  # engines.tokenizer.SPECIAL_TOKENS order: <|endoftext|>, <|pad|>, <|mask|>, ...
-
-
-def default_config(kind: str, target: Transformer, **overrides: object) -> DraftConfig:
-    """Defaults for a drafter of `target`: target width, MHA, 1 layer (MTP) / 2 layers (block
-    drafters) reading 3 target layers, block 16."""
+def drafter_class(kind: str) -> type[Drafter]:
     if kind not in DRAFTERS:
         raise UserError(f"unknown drafter {kind!r} (have {', '.join(DRAFTERS)})")
-    tc = target.config
-    d: dict[str, object] = dict(
-        kind=kind, hidden_size=tc.hidden_size, vocab_size=tc.vocab_size,
-        intermediate_size=tc.intermediate_size, num_layers=1 if kind == "mtp" else 2,
-        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_attention_heads,
-        rms_norm_eps=tc.rms_norm_eps, rope_theta=tc.rope_theta,
-        target_num_hidden_layers=tc.num_hidden_layers, target_fingerprint=target_fingerprint(target),
-    )
-    if kind != "mtp":
-        n = min(3, tc.num_hidden_layers)
-        d.update(target_layer_ids=build_target_layer_ids(tc.num_hidden_layers, n) if tc.num_hidden_layers > 3
-                 else list(range(n)), block_size=16, mask_token_id=MASK_TOKEN_ID)
-    if kind == "dfly":
-        d.update(fusion=True, correction_intermediate_size=tc.hidden_size)
-    d.update(overrides)
-    return DraftConfig.model_validate(d)
+    return DRAFTERS[kind]
 
 
 def new_drafter(kind: str, target: Transformer, **cfg: object) -> Drafter:
     """Randomly initialised drafter (training start, tests)."""
-    config = default_config(kind, target, **cfg)
-    drafter = DRAFTERS[kind](target, config)  # type: ignore[call-arg]
-    drafter.reset_parameters()  # type: ignore[operator]
+    cls = drafter_class(kind)
+    drafter = cls(target, cls.default_config(target, **cfg))
+    drafter.reset_parameters()
     return drafter.to(target.model.embed_tokens.weight.dtype)
 
 
@@ -77,8 +57,7 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = tor
     state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in drafter.state_dict().items() if v.numel()}   # an empty draft vocabulary: none
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    cfg: DraftConfig = drafter.cfg  # type: ignore[assignment]
-    (out / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(drafter.cfg.model_dump(), indent=2) + "\n")
     return out
 
 
@@ -109,8 +88,7 @@ def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_si
     `head_dtype`: precision of the drafting LM head (bf16 by default; None: the target's, exact)."""
     from safetensors.torch import load_file
 
-    if kind not in DRAFTERS:
-        raise UserError(f"unknown drafter {kind!r} (have {', '.join(DRAFTERS)})")
+    cls = drafter_class(kind)
     path = Path(model_dir) / "drafters" / kind
     cfg_path, weights = path / "config.json", path / "model.safetensors"
     if not cfg_path.is_file() or not weights.is_file():
@@ -124,7 +102,7 @@ def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_si
         raise UserError(f"{cfg_path}: holds a {cfg.kind!r} drafter, expected {kind!r}")
     check_compatible(cfg, target, str(path))
     try:
-        drafter = DRAFTERS[kind](target, cfg)  # type: ignore[call-arg]
+        drafter = cls(target, cfg)
     except ValueError as exc:
         raise UserError(f"{cfg_path}: {exc}") from None
     state = load_file(str(weights))
@@ -142,11 +120,8 @@ def load_drafter(kind: str, model_dir: str | Path, target: Transformer, block_si
         raise UserError(f"{weights}: draft vocabulary has token ids outside the target's vocabulary")
     drafter.configure_head(head_dtype)
     if block_size is not None:
-        if kind == "mtp":
-            if block_size < 1:
-                raise UserError(f"mtp: draft length must be >= 1, got {block_size}")
-        else:
-            if block_size < 2:
-                raise UserError(f"{kind}: block size must be >= 2, got {block_size}")
-            drafter.set_block_size(block_size)  # type: ignore[operator]
+        try:
+            drafter.set_block_size(block_size)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     return drafter

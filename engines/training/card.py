@@ -14,11 +14,14 @@ from pathlib import Path
 
 import torch
 
+from engines.drafters.registry import DRAFTERS
 from engines.generate import ar_generate
 from engines.model import KVCache, Transformer, load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
 from engines.training.data import DOMAINS, load_prompts
+
+DEMO_FLAGS = {"mtp": "--budget 1500 --steps 2400"}   # how models/demo's drafters differ from the preset
 
 
 @torch.no_grad()
@@ -79,8 +82,8 @@ def render_card(bundle: Path) -> str:
         "```bash",
         "specroute train tokenizer --out models/demo",
         "specroute train target --preset demo --out models/demo",
-        "specroute train mtp --preset demo --budget 1500 --steps 2400 --out models/demo",
-        *[f"specroute train {k} --preset demo --out models/demo" for k in ("dflash", "dfly")],
+        *[f"specroute train {k} --preset demo {DEMO_FLAGS.get(k, '')}".rstrip() + " --out models/demo"
+          for k in DRAFTERS],
         "specroute train draft-vocab --size 2048 --out models/demo",
         "specroute train card --out models/demo      # this file",
         "```",
@@ -114,7 +117,7 @@ def render_card(bundle: Path) -> str:
         "",
     ]
     if (bundle / "drafters").is_dir() and any((bundle / "drafters").glob("*/train_*.json")):
-        from engines.training.drafters import card_section
+        from engines.training.report import card_section
 
         lines += [card_section(bundle), ""]
     lines += acceptance_section(bundle.resolve().parent.parent / "bench" / "results" / "acceptance.json")
@@ -139,7 +142,7 @@ def acceptance_section(path: Path) -> list[str]:
            "| drafter | domain | mean accepted length | speedup (median / mean / aggregate) | lossless |",
            "|---|---|---|---|---|"]
     for r in rows:
-        name = f"{r['drafter']} k={r['k']}" if r["drafter"] == "mtp" else f"{r['drafter']} b{r['block']}"
+        name = DRAFTERS[r["drafter"]].label(r["k"]) if r["drafter"] in DRAFTERS else r["drafter"]
         out.append(f"| {name} | {r['domain']} | {r['mean_accepted_length']:.2f} | {r['speedup']:.2f} / "
                    f"{r.get('speedup_mean', 0.0):.2f} / {r.get('speedup_aggregate', 0.0):.2f} | "
                    f"{r['lossless_checked'] - r['lossless_mismatches']}/{r['lossless_checked']} |")

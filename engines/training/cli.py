@@ -1,4 +1,4 @@
-"""`specroute train {tokenizer,target,mtp,dflash,dfly,draft-vocab,card} --preset demo --out DIR`."""
+"""`specroute train {tokenizer,target,<drafter kind>,draft-vocab,card} --preset demo --out DIR`."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
+from engines.drafters.registry import DRAFTERS
 from specroute.errors import UserError
-
-DRAFTER_KINDS = ("mtp", "dflash", "dfly")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specroute train", description=__doc__)
-    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTER_KINDS, "draft-vocab", "card"))
+    ap.add_argument("what", choices=("tokenizer", "target", *DRAFTERS, "draft-vocab", "card"))
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--out", type=Path, default=Path("models/demo"),
                     help="bundle directory (drafters go to OUT/drafters/<kind>/)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.tokenizer import format_chat
+from specroute.errors import UserError
 
 DOMAINS = ("chat", "code", "math")
 HOLDOUT_PCT = 10
@@ -32,9 +33,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
-    """`SPECROUTE_DATA_DIR`, else `../shared/data` next to the repository."""
+    """`SPECROUTE_DATA_DIR`, else `../shared/data` next to the repository; UserError if neither is there."""
     env = os.environ.get("SPECROUTE_DATA_DIR")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+    path = Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+    if not path.is_dir():
+        raise UserError(f"no training/benchmark data at {path}: set SPECROUTE_DATA_DIR to a data folder "
+                        "(prompts/*.jsonl, corpus/*.jsonl) or place one at ../shared/data beside the repository")
+    return path
 
 
 def is_heldout(item_id: str) -> bool:

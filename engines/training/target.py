@@ -12,7 +12,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,45 +24,34 @@ from engines.model import ModelConfig, Transformer, init_weights, save_model
 from engines.tokenizer import Tokenizer
 from engines.training.corpus import build_token_streams
 from engines.training.data import DOMAINS
+from engines.training.optim import Schedule, adamw, lr_at, optimizer_step, save_checkpoint
 
 
 @dataclass(frozen=True)
-class TargetPreset:
-    hidden_size: int = 320
-    intermediate_size: int = 864
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 5
-    num_key_value_heads: int = 1
-    max_position_embeddings: int = 1024
+class TargetPreset(Schedule):
+    model: dict[str, int]                                            # ModelConfig fields (architecture)
     seq_len: int = 512
-    batch_size: int = 8
-    steps: int = 1600
-    lr: float = 1.5e-3
-    min_lr: float = 1.5e-4
-    warmup: int = 100
-    weight_decay: float = 0.1
     domain_weights: tuple[float, float, float] = (0.36, 0.34, 0.30)  # chat, code, math
-    eval_every: int = 400
-    ckpt_every: int = 100
     eval_batches: int = 16
-    seed: int = 1234
-    threads: int = 2
 
 
+def flat_config(p: TargetPreset) -> dict:
+    """The preset as one flat dict (architecture fields first), as `train_target.json` records it."""
+    return {**p.model, **{k: v for k, v in asdict(p).items() if k != "model"}}
+
+
+DEMO = TargetPreset(
+    model=dict(hidden_size=320, intermediate_size=864, num_hidden_layers=12, num_attention_heads=5,
+               num_key_value_heads=1, max_position_embeddings=1024),
+    steps=1600, batch_size=8, lr=1.5e-3, min_lr=1.5e-4, warmup=100, weight_decay=0.1, eval_every=400,
+    ckpt_every=100)
 PRESETS = {
-    "demo": TargetPreset(),
+    "demo": DEMO,
     # seconds-long smoke run used by the tests
-    "tiny": TargetPreset(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, seq_len=64, batch_size=4, steps=6, warmup=2,
-                         eval_every=3, ckpt_every=2, eval_batches=2),
+    "tiny": replace(DEMO, model={**DEMO.model, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2},
+                    seq_len=64, batch_size=4, steps=6, warmup=2, eval_every=3, ckpt_every=2, eval_batches=2),
 }
-
-
-def lr_at(step: int, p: TargetPreset) -> float:
-    if step < p.warmup:
-        return p.lr * (step + 1) / p.warmup
-    frac = min(1.0, (step - p.warmup) / max(1, p.steps - p.warmup))
-    return p.min_lr + 0.5 * (p.lr - p.min_lr) * (1 + math.cos(math.pi * frac))
 
 
 class Batcher:
@@ -127,19 +116,12 @@ def train_target(out_dir: Path, preset_name: str = "demo", work_dir: Path | None
     tokenizer_dir = tokenizer_dir or out_dir
     tok = Tokenizer.load(tokenizer_dir)
     streams = build_token_streams(tokenizer_dir, work / "tokens")
-    cfg = ModelConfig(
-        vocab_size=tok.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
-        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
-        num_key_value_heads=p.num_key_value_heads, max_position_embeddings=p.max_position_embeddings,
-        tie_word_embeddings=True, eos_token_id=tok.eos_id, pad_token_id=tok.token_id("<|pad|>"),
-        bos_token_id=tok.eot_id,
-    )
+    cfg = ModelConfig(vocab_size=tok.vocab_size, **p.model, tie_word_embeddings=True, eos_token_id=tok.eos_id,
+                      pad_token_id=tok.token_id("<|pad|>"), bos_token_id=tok.eot_id)
     model = Transformer(cfg)
     init_weights(model, num_layers=cfg.num_hidden_layers)
-    decay = [q for n, q in model.named_parameters() if q.dim() >= 2]
-    no_decay = [q for n, q in model.named_parameters() if q.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=p.lr, betas=(0.9, 0.95))
+    params = list(model.parameters())
+    opt = adamw(params, p)
     batcher = Batcher(streams["train"], p.domain_weights, p.seq_len, p.seed)
     ckpt = work / "target.ckpt.pt"
     step, elapsed, history = 0, 0.0, []
@@ -153,26 +135,19 @@ def train_target(out_dir: Path, preset_name: str = "demo", work_dir: Path | None
         print(f"resumed from {ckpt} at step {step}")
 
     def save_ckpt() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "batcher": batcher.state(),
-                    "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed,
-                    "history": history, "preset": asdict(p)}, tmp)
-        tmp.replace(ckpt)
+        save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "batcher": batcher.state(),
+                               "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed,
+                               "history": history, "preset": asdict(p)})
 
     tokens_per_step = p.batch_size * p.seq_len
     bar = tqdm(total=p.steps, initial=step, desc="target", dynamic_ncols=True)
     model.train()
     while step < p.steps:
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, p)
         x, y = batcher.batch(p.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = loss_fn(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, params, loss, lr_at(step, p.steps, p))
         step += 1
         dt = time.perf_counter() - t0
         elapsed += dt
@@ -191,7 +166,7 @@ def train_target(out_dir: Path, preset_name: str = "demo", work_dir: Path | None
             shutil.copy(tokenizer_dir / name, out_dir / name)
     ppl = history[-1]["heldout_ppl"] if history else {}
     report = {
-        "preset": preset_name, "config": asdict(p), "parameters": model.num_parameters(),
+        "preset": preset_name, "config": flat_config(p), "parameters": model.num_parameters(),
         "train_seconds": round(elapsed, 1), "tokens_seen": step * tokens_per_step,
         "heldout_perplexity": ppl, "history": history,
         "token_streams": {s: {d: int(a.size) for d, a in v.items()} for s, v in streams.items()},

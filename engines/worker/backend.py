@@ -7,32 +7,63 @@ Three backends speak the same contract: `LocalBackend` (ar, mtp, dflash, dfly ov
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engines.batcher import Batcher, BatcherConfig, GenRequest, LoadSnapshot, Sink, make_batcher
+from engines.batcher import Batcher
+from engines.errors import EngineError
+from engines.requests import BatcherConfig, Closed, GenRequest, LoadSnapshot, QueueFull, Sink
+from specroute.errors import UserError
 
 
 @dataclass(frozen=True)
 class BackendInfo:
-    model_id: str
-    engine: str
-    drafter: str
-    block_size: int
-    max_context: int
-    max_running: int
-    max_waiting: int
+    model_id: str                  # model directory name (or HF id)
+    engine: str                    # --engine
+    drafter: str                   # drafter kind / vLLM method ("" without one)
+    block_size: int                # draft tokens per step
+    max_context: int               # tokens per request (prompt + output)
+    max_running: int               # requests decoding at once
+    max_waiting: int               # queued beyond those
+
+
+@dataclass(eq=False)
+class TaskHandle:
+    """A request running as an asyncio task."""
+
+    request: GenRequest
+    sink: Sink
+    request_id: str = ""
+    task: asyncio.Task | None = None
+    submitted: float = field(default_factory=time.perf_counter)
 
 
 class AsyncTaskBackend:
-    """Shared bookkeeping for backends that run each request as an asyncio task (`NullBackend`,
-    `VllmBackend`): subclasses keep `self._active` (handles with a `.task`) and `self._closed`."""
+    """Shared bookkeeping for backends that run each request as an asyncio task and have no D-Cut
+    (`NullBackend`, `VllmBackend`): subclasses set `max_running`, `max_waiting`, `self._active`
+    (their `TaskHandle`s) and `self._closed`, and start each task with `_spawn`."""
 
-    _active: set[Any]
+    max_running: int
+    max_waiting: int
+    _active: set[TaskHandle]
     _closed: bool
 
-    def cancel(self, handle: Any) -> None:
+    def _admit(self) -> None:
+        """Raise `Closed` / `QueueFull` when a new request cannot be taken."""
+        if self._closed:
+            raise Closed("worker is shutting down")
+        if len(self._active) >= self.max_running + self.max_waiting:
+            raise QueueFull(f"waiting queue is full ({self.max_waiting} requests); retry later")
+
+    def _snapshot(self, tokens_per_s: float) -> LoadSnapshot:
+        running = min(len(self._active), self.max_running)
+        return LoadSnapshot(running, len(self._active) - running, running / self.max_running, tokens_per_s, 0.0,
+                            self.max_running)
+
+    def cancel(self, handle: TaskHandle) -> None:
         if handle.task is not None and not handle.task.done():
             handle.task.cancel()
 
@@ -46,6 +77,17 @@ class AsyncTaskBackend:
         self._closed = True
         for h in list(self._active):
             self.cancel(h)
+
+    def set_dcut(self, on: bool) -> bool:
+        return False
+
+    @property
+    def dcut_enabled(self) -> bool:
+        return False
+
+    @property
+    def kept_ratio(self) -> float:
+        return 1.0
 
 
 class Backend(Protocol):
@@ -78,22 +120,24 @@ class LocalBackend:
     """Our engine: target + drafter + SpecDecoder + Batcher (one model thread)."""
 
     def __init__(self, settings, observer=None) -> None:
-        from engines.batcher import build_engine
+        from engines.factory import load_engine, make_batcher
 
-        max_len = settings.context_length
-        self.engine = build_engine(settings.engine, settings.model, settings.max_running, max_len,
-                                   settings.block_size, settings.prefill_chunk)
+        try:
+            self.engine = load_engine(settings.engine, settings.model, settings.block_size)
+        except EngineError as exc:
+            raise UserError(str(exc)) from None
         cfg = BatcherConfig(max_running=settings.max_running, max_waiting=settings.max_waiting,
-                            max_len=self.engine.decoder.max_len, prefill_chunk=settings.prefill_chunk,
-                            prefill_budget=settings.prefill_budget, k=settings.k)
+                            max_len=settings.context_length or self.engine.max_context,
+                            prefill_chunk=settings.prefill_chunk, prefill_budget=settings.prefill_budget,
+                            k=settings.k)
         self.batcher: Batcher = make_batcher(self.engine, cfg, dcut=settings.dcut, threads=settings.threads,
                                              profile_dir=settings.dcut_profile_dir, observer=observer)
         self.tokenizer = self.engine.tokenizer
         drafter = self.engine.drafter
         self.info = BackendInfo(
             model_id=settings.model.resolve().name, engine=settings.engine,
-            drafter=getattr(drafter, "kind", "") if drafter is not None else "",
-            block_size=self.batcher.k, max_context=self.engine.decoder.max_len,
+            drafter=drafter.kind if drafter is not None else "",
+            block_size=self.batcher.k, max_context=self.batcher.decoder.max_len,
             max_running=settings.max_running, max_waiting=settings.max_waiting,
         )
         self.batcher.start()

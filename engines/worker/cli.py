@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from specroute.errors import UserError
 
 FLAGS: list[tuple[str, dict]] = [
-    ("--engine", dict(help="ar | mtp | dflash | dfly | vllm | null")),
+    ("--engine", dict()),   # help lists settings.worker_engines() (derived from the drafter registry)
     ("--model", dict(help="model bundle directory")),
     ("--host", dict()),
     ("--port", dict(type=int)),
@@ -46,10 +46,12 @@ FLAGS: list[tuple[str, dict]] = [
 
 
 def parse_settings(argv: list[str]):
-    from engines.worker.settings import WorkerSettings
+    from engines.worker.settings import WorkerSettings, worker_engines
 
     ap = argparse.ArgumentParser(prog="specroute worker", description=__doc__.split("\n")[0])
     for flag, kw in FLAGS:
+        if flag == "--engine":
+            kw = {**kw, "help": " | ".join(worker_engines())}
         ap.add_argument(flag, default=None, **kw)
     ap.add_argument("--dcut", action=argparse.BooleanOptionalAction, default=None,
                     help="adaptive verification depth (D-Cut)")

@@ -1,7 +1,7 @@
 """Per-request feedback to Redis, off the decode thread.
 
 Finished requests are put on a bounded asyncio queue; one background task writes each record with
-the shared atomic script (`router.feedback.make_recorder`: XADD to `specroute:feedback` + decayed
+the shared atomic script (`specroute.contracts.feedback.make_recorder`: XADD to `specroute:feedback` + decayed
 `specroute:stats:{domain}:{pool}` update). Redis down or the queue full means the record is dropped
 and counted (`specroute_redis_errors_total`), never a failed request and never a stalled stream.
 """
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 
-from router.feedback import FeedbackRecord, make_recorder
+from specroute.contracts.feedback import FeedbackRecord, make_recorder
 
 log = logging.getLogger("specroute.worker.feedback")
 

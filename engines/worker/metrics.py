@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from engines.batcher import BatcherObserver, Handle, RequestStats
+from engines.requests import BatcherObserver, Handle, RequestStats
+from specroute.contracts.stats import AcceptanceStats
 
 SPEC = "specroute_spec_decode_"
 
@@ -61,6 +62,16 @@ class WorkerMetrics(BatcherObserver):
 
     def on_finish(self, handle: Handle, stats: RequestStats, finish_reason: str) -> None:
         self.requests.labels(finish_reason=finish_reason or "unknown").inc()
+
+    # --- backends that report a whole request's acceptance at its end (vLLM) ----------------------
+    def on_request_acceptance(self, s: AcceptanceStats) -> None:
+        if not s.steps:
+            return
+        self.num_drafts.inc(s.steps)
+        self.num_draft_tokens.inc(s.drafted)
+        self.num_accepted_tokens.inc(s.accepted)
+        for i, c in enumerate(s.accepted_per_position[: len(self._pos)]):
+            self._pos[i].inc(c)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         server, _ = start_http_server(port, addr=host, registry=self.registry)

@@ -11,18 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from engines.batcher import Closed, Event, GenRequest, LoadSnapshot, QueueFull, RequestStats, Sink
-from engines.worker.backend import AsyncTaskBackend, BackendInfo
-
-
-@dataclass(eq=False)
-class NullHandle:
-    request: GenRequest
-    sink: Sink
-    task: asyncio.Task | None = None
-    submitted: float = field(default_factory=time.perf_counter)
+from engines.requests import Event, GenRequest, LoadSnapshot, RequestStats, Sink
+from engines.worker.backend import AsyncTaskBackend, BackendInfo, TaskHandle
 
 
 class NullBackend(AsyncTaskBackend):
@@ -34,7 +25,7 @@ class NullBackend(AsyncTaskBackend):
         self.info = BackendInfo(model_id="null", engine="null", drafter="", block_size=0,
                                 max_context=settings.context_length or 1 << 20,
                                 max_running=settings.max_running, max_waiting=settings.max_waiting)
-        self._active: set[NullHandle] = set()
+        self._active: set[TaskHandle] = set()
         self._closed = False
         self._slots = asyncio.Semaphore(settings.max_running)
         self._idle = asyncio.Event()
@@ -46,18 +37,15 @@ class NullBackend(AsyncTaskBackend):
         text = " ".join(m["content"] for m in messages) if messages else prompt
         return [len(w) for w in text.split()]
 
-    def submit(self, request: GenRequest, sink: Sink) -> NullHandle:
-        if self._closed:
-            raise Closed("worker is shutting down")
-        if len(self._active) >= self.max_running + self.max_waiting:
-            raise QueueFull(f"waiting queue is full ({self.max_waiting} requests); retry later")
-        h = NullHandle(request, sink)
+    def submit(self, request: GenRequest, sink: Sink) -> TaskHandle:
+        self._admit()
+        h = TaskHandle(request, sink)
         self._active.add(h)
         self._idle.clear()
         h.task = asyncio.get_running_loop().create_task(self._run(h))
         return h
 
-    async def _run(self, h: NullHandle) -> None:
+    async def _run(self, h: TaskHandle) -> None:
         req = h.request
         n = 0
         reason = "length"
@@ -91,18 +79,5 @@ class NullBackend(AsyncTaskBackend):
                 self._idle.set()
 
     def load(self) -> LoadSnapshot:
-        running = min(len(self._active), self.max_running)
         span = time.perf_counter() - self._t0
-        return LoadSnapshot(running, len(self._active) - running, running / self.max_running,
-                            self._tokens / span if span > 0 else 0.0, 0.0, self.max_running)
-
-    def set_dcut(self, on: bool) -> bool:
-        return False
-
-    @property
-    def dcut_enabled(self) -> bool:
-        return False
-
-    @property
-    def kept_ratio(self) -> float:
-        return 1.0
+        return self._snapshot(self._tokens / span if span > 0 else 0.0)

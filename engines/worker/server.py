@@ -22,9 +22,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import specroute
-from engines.batcher import Closed, Event, GenRequest, QueueFull
+from engines.errors import EngineError, check_room
+from engines.requests import Closed, Event, GenRequest, QueueFull
 from engines.sampling import SamplingParams
-from router.feedback import FeedbackRecord
+from specroute.contracts.feedback import FeedbackRecord
 from specroute.errors import UserError
 from specroute.v1 import engine_pb2 as pb
 from specroute.v1 import engine_pb2_grpc as pb_grpc
@@ -70,11 +71,11 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
         ids = backend.tokenize(messages, r.prompt)
     except UserError as exc:
         raise InvalidRequest(str(exc)) from None
-    if not ids:
-        raise InvalidRequest("empty prompt")
     ctx = backend.info.max_context
-    if len(ids) >= ctx:
-        raise InvalidRequest(f"prompt is {len(ids)} tokens; the context holds {ctx} (prompt + output)")
+    try:
+        check_room(len(ids), ctx)
+    except EngineError as exc:
+        raise InvalidRequest(str(exc)) from None
     max_tokens = min(r.max_tokens or default_max_tokens, ctx - len(ids))
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
@@ -82,9 +83,9 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
 
 
 def stats_pb(ev: Event) -> pb.SpecStats:
-    s = ev.stats
-    if s is None:
+    if ev.stats is None:
         return pb.SpecStats()
+    s = ev.stats.acceptance
     return pb.SpecStats(drafted_tokens=s.drafted, accepted_tokens=s.accepted, steps=s.steps,
                         mean_accepted_length=s.mean_accepted_length,
                         accepted_per_position=s.accepted_per_position)
@@ -161,10 +162,10 @@ class EngineService(pb_grpc.EngineServicer):
     def _record(self, req: GenRequest, ev: Event) -> None:
         if self.feedback is None or ev.stats is None:
             return
-        s = ev.stats
+        s, a = ev.stats, ev.stats.acceptance
         self.feedback.put(FeedbackRecord(
             pool=req.pool or self.settings.pool, domain=req.domain or "unknown", tokens=s.completion_tokens,
-            drafted=s.drafted, accepted=s.accepted, steps=s.steps, wall_ms=s.wall_s * 1000.0,
+            drafted=a.drafted, accepted=a.accepted, steps=a.steps, wall_ms=s.wall_s * 1000.0,
             ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=self.backend.info.engine))
 
     def _info(self) -> pb.InfoResponse:

@@ -7,7 +7,15 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ENGINES = ("ar", "mtp", "dflash", "dfly", "vllm", "null")
+from engines.drafters.registry import engine_kinds
+
+EXTERNAL_ENGINES = ("vllm", "null")   # vLLM's engine and the null test double
+
+
+def worker_engines() -> tuple[str, ...]:
+    """Every `--engine` a worker accepts: ours (from the drafter registry, read at call time), then
+    the external ones."""
+    return (*engine_kinds(), *EXTERNAL_ENGINES)
 
 
 class WorkerSettings(BaseSettings):
@@ -45,8 +53,8 @@ class WorkerSettings(BaseSettings):
     @field_validator("engine")
     @classmethod
     def _engine(cls, v: str) -> str:
-        if v not in ENGINES:
-            raise ValueError(f"unknown engine {v!r} (expected one of {', '.join(ENGINES)})")
+        if v not in worker_engines():
+            raise ValueError(f"unknown engine {v!r} (expected one of {', '.join(worker_engines())})")
         return v
 
     @model_validator(mode="after")

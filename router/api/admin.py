@@ -1,21 +1,28 @@
 """Admin API (bearer token): live policy with ETag/If-Match, validation, history, rollback,
-statistics and pools. Mounted only when an admin token is configured or `--insecure-admin` is set."""
+statistics and pools. Mounted only when an admin token is configured or `--insecure-admin` is set.
+
+Policy-store failures are raised as domain errors (router/store.py) and become HTTP errors in the
+app's exception handlers (router/errors.py)."""
 
 from __future__ import annotations
 
-import hmac
+import logging
+import time
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from router.api.openai import gateway_of, read_json
-from router.errors import APIError
+from router.api.common import gateway_of, json_response, matching_key, read_json
+from router.errors import APIError, policy_etag
+from router.gateway import Gateway
 from router.policy import Policy, diff_policies, policy_warnings
+from router.readiness import unservable
+from router.store import StoreNotConfigured, StoreUnavailable, VersionConflict
 
 router = APIRouter(prefix="/admin", tags=["admin"])
+log = logging.getLogger("specroute.gateway.admin")
 
 
 class RollbackRequest(BaseModel):
@@ -25,25 +32,67 @@ class RollbackRequest(BaseModel):
     note: str = ""
 
 
+class FailedLogins:
+    """Refused admin requests: each one counted (`specroute_admin_auth_failures_total`), and logged
+    with the client address, at most `per_window` lines per `window_s` (a flood cannot fill the log;
+    the suppressed count is reported with the next line)."""
+
+    def __init__(self, per_window: int = 20, window_s: float = 60.0) -> None:
+        self.per_window, self.window_s = per_window, window_s
+        self.window_start = 0.0
+        self.logged = self.suppressed = 0
+
+    def record(self, g: Gateway, request: Request, why: str) -> None:
+        g.metrics.admin_auth_failures.inc()
+        now = time.monotonic()
+        if now - self.window_start > self.window_s:
+            self.window_start, self.logged = now, 0
+        if self.logged >= self.per_window:
+            self.suppressed += 1
+            return
+        self.logged += 1
+        client = request.client.host if request.client else "?"
+        more = f" ({self.suppressed} more not logged)" if self.suppressed else ""
+        self.suppressed = 0
+        log.warning("admin login failed: %s %s from %s: %s%s", request.method, request.url.path, client, why, more)
+
+
+failed_logins = FailedLogins()
+
+
 def require_admin(request: Request) -> str:
     """The token's name (recorded as the actor of every change)."""
-    s = gateway_of(request).settings
+    g = gateway_of(request)
+    s = g.settings
     if not s.admin_tokens:
         if s.insecure_admin:
             return "insecure-admin"
         raise APIError(403, "admin API disabled: no admin token configured", code="admin_disabled")
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() == "bearer" and token:
-        for name, secret in s.admin_tokens.items():
-            if hmac.compare_digest(token, secret):
-                return name
+    header = request.headers.get("authorization", "")
+    name = matching_key(header, s.admin_tokens)
+    if name is not None:
+        return name
+    failed_logins.record(g, request, "wrong token" if header else "no token")
     raise APIError(401, "missing or invalid admin token", code="invalid_admin_token",
                    headers={"www-authenticate": "Bearer"})
 
 
-def etag(version: int) -> str:
-    return f'"{version}"'
+def wants_force(request: Request) -> bool:
+    return request.query_params.get("force", "").lower() in ("1", "true", "yes")
+
+
+def check_servable(g: Gateway, new: Policy, force: bool) -> dict[str, Any] | None:
+    """Refuse (409) a policy that would answer some domain with 503 on this gateway, unless `force`;
+    a forced one returns the audit fields that record what was overridden."""
+    problems = unservable(new, g.pools.names)
+    if not problems:
+        return None
+    if not force:
+        raise APIError(409, f"policy would serve nothing: {'; '.join(problems)}. Fix it, or apply it anyway "
+                            "with ?force=true (recorded in the audit log)", code="policy_serves_nothing",
+                       param="pools")
+    log.warning("forced a policy that serves nothing: %s", "; ".join(problems))
+    return {"forced": True, "overridden": problems}
 
 
 def parse_if_match(value: str | None, current: int) -> int:
@@ -59,8 +108,8 @@ def parse_if_match(value: str | None, current: int) -> int:
     return int(v)
 
 
-def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json", headers=headers)
+def _policy_response(p: Policy) -> Response:
+    return json_response(p.model_dump(mode="json"), headers={"etag": policy_etag(p.version)})
 
 
 def _validate(data: dict[str, Any]) -> Policy:
@@ -74,28 +123,15 @@ def _validate(data: dict[str, Any]) -> Policy:
         raise APIError(400, f"invalid policy: {msgs}", code="invalid_policy") from None
 
 
-async def _current(request: Request) -> Policy:
-    g = gateway_of(request)
-    if g.store is not None:
-        try:
-            cur = await g.store.get()
-            if cur is not None:
-                return cur
-        except Exception as exc:  # Redis down: the snapshot is the best we know
-            g.metrics.redis_errors.inc()
-            raise APIError(503, f"policy store unavailable: {exc}", code="store_unavailable") from exc
-    return g.snapshot.policy
-
-
 @router.get("/policy")
 async def get_policy(request: Request) -> Response:
     require_admin(request)
     g = gateway_of(request)
     try:
-        p = await _current(request)
-    except APIError:
+        p = await g.current_policy()
+    except StoreUnavailable:  # Redis down: the snapshot is the best we know
         p = g.snapshot.policy
-    return _json(p.model_dump(mode="json"), headers={"etag": etag(p.version)})
+    return _policy_response(p)
 
 
 @router.put("/policy")
@@ -104,13 +140,12 @@ async def put_policy(request: Request) -> Response:
     g = gateway_of(request)
     data = await read_json(request, g.settings.max_body_bytes)
     new = _validate(data)
-    cur = await _current(request)
+    audit = check_servable(g, new, wants_force(request))
+    cur = await g.current_policy()
     expected = parse_if_match(request.headers.get("if-match"), cur.version)
     if expected != cur.version:
-        raise APIError(412, f"policy changed meanwhile: current version is {cur.version}, If-Match was {expected}",
-                       code="version_conflict", headers={"etag": etag(cur.version)})
-    written = await g.put_policy(new, expected, actor, note=new.comment)
-    return _json(written.model_dump(mode="json"), headers={"etag": etag(written.version)})
+        raise VersionConflict(cur.version, expected)
+    return _policy_response(await g.put_policy(new, expected, actor, note=new.comment, audit=audit))
 
 
 @router.post("/policy/validate")
@@ -121,12 +156,14 @@ async def validate_policy(request: Request) -> Response:
     try:
         new = _validate(data)
     except APIError as exc:
-        return _json({"valid": False, "errors": [exc.message.removeprefix("invalid policy: ")], "warnings": [],
-                      "diff": []})
+        return json_response({"valid": False, "errors": [exc.message.removeprefix("invalid policy: ")],
+                              "warnings": [], "diff": []})
     cur = g.snapshot.policy
-    return _json({
-        "valid": True,
-        "errors": [],
+    problems = unservable(new, g.pools.names)
+    return json_response({
+        "valid": not problems,  # what PUT would accept without ?force=true
+        "errors": problems,
+        "forceable": bool(problems),
         "warnings": policy_warnings(new, g.pools.names),
         "diff": diff_policies(cur.model_dump(mode="json"), new.model_dump(mode="json")),
         "current_version": cur.version,
@@ -136,15 +173,7 @@ async def validate_policy(request: Request) -> Response:
 @router.get("/policy/versions")
 async def policy_versions(request: Request, limit: int = 50) -> Response:
     require_admin(request)
-    g = gateway_of(request)
-    if g.store is None:
-        return _json({"versions": []})
-    try:
-        versions = await g.store.versions(max(1, min(limit, 500)))
-    except Exception as exc:
-        g.metrics.redis_errors.inc()
-        raise APIError(503, f"policy store unavailable: {exc}", code="store_unavailable") from exc
-    return _json({"versions": versions})
+    return json_response({"versions": await gateway_of(request).policy_versions(max(1, min(limit, 500)))})
 
 
 @router.post("/policy/rollback")
@@ -156,29 +185,27 @@ async def rollback_policy(request: Request) -> Response:
     except ValidationError as exc:
         raise APIError(400, f"invalid rollback request: {exc.errors()[0]['msg']}", code="invalid_value") from None
     if g.store is None:
-        raise APIError(503, "no policy store configured (set SPECROUTE_REDIS_URL)", code="store_unavailable")
-    cur = await _current(request)
+        raise StoreNotConfigured()
+    cur = await g.current_policy()
     if_match = request.headers.get("if-match")
     expected = parse_if_match(if_match, cur.version) if if_match is not None else cur.version
-    try:
-        entry = await g.store.version(body.version)
-    except Exception as exc:
-        g.metrics.redis_errors.inc()
-        raise APIError(503, f"policy store unavailable: {exc}", code="store_unavailable") from exc
+    entry = await g.policy_version(body.version)
     if entry is None:
         raise APIError(404, f"policy version {body.version} is not in the history", code="version_not_found")
     target = _validate(entry["policy"])
-    written = await g.put_policy(target, expected, actor, action=f"rollback:{body.version}", note=body.note)
-    return _json(written.model_dump(mode="json"), headers={"etag": etag(written.version)})
+    audit = check_servable(g, target, wants_force(request))
+    written = await g.put_policy(target, expected, actor, action=f"rollback:{body.version}", note=body.note,
+                                 audit=audit)
+    return _policy_response(written)
 
 
 @router.get("/stats")
 async def stats(request: Request) -> Response:
     require_admin(request)
-    return _json(gateway_of(request).stats_view())
+    return json_response(gateway_of(request).stats_view())
 
 
 @router.get("/pools")
 async def pools(request: Request) -> Response:
     require_admin(request)
-    return _json(gateway_of(request).pools_view())
+    return json_response(gateway_of(request).pools_view())

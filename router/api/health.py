@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from importlib import resources
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router.api.openai import gateway_of
+from router.api.common import gateway_of, json_response
 
 router = APIRouter(tags=["ops"])
 
 
 @router.get("/healthz")
+@router.get("/health", include_in_schema=False)  # the name vLLM serves (load tools such as guidellm check it)
 async def healthz() -> Response:
     """The process is alive (no dependency is checked)."""
     return Response(b'{"status":"ok"}', media_type="application/json")
@@ -22,12 +22,15 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Can route: classifier loaded and at least one pool healthy (Redis is not required)."""
+    """Can route: `ready`, or `degraded` (200: serving, but a pool or Redis is down), or `not ready`
+    (503: no classifier, no healthy pool, or a policy that routes to no configured pool)."""
     g = gateway_of(request)
-    ok, reason = g.ready
-    body = {"status": "ready" if ok else "not ready", "reason": reason, "redis_ok": g.redis_ok,
-            "policy_version": g.snapshot.policy.version}
-    return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")
+    r = g.readiness()
+    states = g.pools.states()
+    body = {"status": r.status, "reason": r.reason, "reasons": r.reasons, "redis_ok": g.redis_ok,
+            "policy_version": g.snapshot.policy.version,
+            "pools": {name: {"healthy": st.healthy, "endpoints": st.endpoints} for name, st in states.items()}}
+    return json_response(body, status=200 if r.ok else 503, headers=None if r.ok else {"retry-after": "1"})
 
 
 @router.get("/metrics")

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-SHARED_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "prompts"
+from tests.conftest import TEST_PROMPTS
+
+# held-out-style prompts from every source and 13 languages, shipped in the repository (tests/data)
+FIXTURE_PROMPTS = TEST_PROMPTS
 
 
 def write_prompts(folder: Path, rows: list[dict]) -> Path:

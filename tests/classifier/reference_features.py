@@ -1,7 +1,7 @@
 """The reference formulation of `classifier.features.extract`: one numpy expression per feature.
 
 This is the original (FEATURE_VERSION 2) implementation, kept as the specification the fast path in
-`classifier.features.scan` must reproduce: same dense vector (up to float rounding) and the same
+`classifier.features.fast.scan` must reproduce: same dense vector (up to float rounding) and the same
 multiset of bucket ids. It shares only the constant tables and lexicons with the package.
 """
 
@@ -12,12 +12,15 @@ import math
 import numpy as np
 
 from classifier import features as F
+from classifier.features import dense as D
+from classifier.features import hashing as H
+from classifier.features import lexicon as LX
 
 _IS_LOWER_ORIG = np.zeros(256, dtype=bool)
 _IS_LOWER_ORIG[97:123] = True
 _IS_UPPER_ORIG = np.zeros(256, dtype=bool)
 _IS_UPPER_ORIG[65:91] = True
-_MARKER_BITS = np.array([1 << i for i in range(len(F._MARKER_GROUPS))], dtype=np.uint16)
+_MARKER_BITS = np.array([1 << i for i in range(len(LX.MARKER_GROUPS))], dtype=np.uint16)
 
 
 def extract(sample: str, full_len: int | None = None) -> F.Features:
@@ -41,64 +44,64 @@ def extract(sample: str, full_len: int | None = None) -> F.Features:
 
     arr = np.frombuffer(raw, dtype=np.uint8)
     counts = np.bincount(arr, minlength=256)
-    byte_h = F._entropy_bits(counts, n_bytes)
+    byte_h = D.entropy_bits(counts, n_bytes)
     dense[8] = byte_h / 8.0
     if n_bytes == n_chars:
         char_h = byte_h
     else:
         cps = np.frombuffer(sample.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
-        char_h = F._entropy_bits(np.bincount(cps % F._CHAR_BINS, minlength=F._CHAR_BINS), n_chars)
+        char_h = D.entropy_bits(np.bincount(cps % D.CHAR_BINS, minlength=D.CHAR_BINS), n_chars)
     dense[9] = char_h / 8.0
     dense[10] = char_h / math.log2(n_chars + 1)
     k = 11
-    shares = (counts @ F._CLASS_MATRIX) / n_bytes
-    dense[k : k + len(F._CLASS_NAMES)] = shares
-    k += len(F._CLASS_NAMES)
+    shares = (counts @ D.CLASS_MATRIX) / n_bytes
+    dense[k : k + len(D.CLASS_NAMES)] = shares
+    k += len(D.CLASS_NAMES)
     junk = F.junk_share(sample, int(round(shares[-1] * n_bytes)))
     dense[k] = junk
 
-    folded = raw.translate(F._LOWER_FOLD)
-    norm = F._fold_ws(folded)
+    folded = raw.translate(H.LOWER_FOLD)
+    norm = H.fold_ws(folded)
     a = np.frombuffer(norm, dtype=np.uint8)
-    words, starts = F._word_hashes(a)
+    words, starts = H.word_hashes(a)
     n_words = words.size
     dense[6] = math.log1p(n_words)
     dense[7] = math.log1p(n_bytes / n_words) if n_words else 0.0
 
-    c = np.zeros(len(F._COUNT_NAMES), dtype=np.float64)
+    c = np.zeros(len(D.COUNT_NAMES), dtype=np.float64)
     fa = np.frombuffer(folded, dtype=np.uint8).astype(np.intp)
     if fa.size >= 2:
-        groups = F._PAIR_TABLE.take(fa[:-1] * 256 + fa[1:])
-        c[: F._N_PAIR_GROUPS - 1] = np.bincount(groups, minlength=F._N_PAIR_GROUPS)[1:]
-    j = F._N_PAIR_GROUPS - 1
-    c[j] = len(F._TAG_RE.findall(sample)) if "<" in sample else 0
-    c[j + 1] = len(F._LATEX_CMD_RE.findall(sample)) if "\\" in sample else 0
+        groups = D.PAIR_TABLE.take(fa[:-1] * 256 + fa[1:])
+        c[: D.N_PAIR_GROUPS - 1] = np.bincount(groups, minlength=D.N_PAIR_GROUPS)[1:]
+    j = D.N_PAIR_GROUPS - 1
+    c[j] = len(D.TAG_RE.findall(sample)) if "<" in sample else 0
+    c[j + 1] = len(D.LATEX_CMD_RE.findall(sample)) if "\\" in sample else 0
     dense_ops = np.frombuffer(norm.replace(b" ", b""), dtype=np.uint8)
     if dense_ops.size >= 3:
-        d = F._IS_DIGIT.take(dense_ops)
-        o = F._IS_OP.take(dense_ops)
-        al = F._IS_ALNUM.take(dense_ops)
+        d = D.IS_DIGIT.take(dense_ops)
+        o = D.IS_OP.take(dense_ops)
+        al = D.IS_ALNUM.take(dense_ops)
         c[j + 2] = np.count_nonzero(d[:-2] & o[1:-1] & d[2:])
         c[j + 3] = np.count_nonzero(al[:-2] & (dense_ops[1:-1] == 61) & (d[2:] | (dense_ops[2:] == 40)))
-    w_bytes = F._WORD_BYTES.take(a).astype(bool)
+    w_bytes = H.WORD_BYTES.take(a).astype(bool)
     c[j + 4] = np.count_nonzero(w_bytes[:-1] & (a[1:] == 40))
     c[j + 5] = np.count_nonzero(w_bytes[:-2] & (a[1:-1] == 46) & w_bytes[2:])
-    c[j + 6] = np.count_nonzero(F._IS_ALNUM.take(a[:-2]) & (a[1:-1] == 95) & F._IS_ALNUM.take(a[2:]))
+    c[j + 6] = np.count_nonzero(D.IS_ALNUM.take(a[:-2]) & (a[1:-1] == 95) & D.IS_ALNUM.take(a[2:]))
     c[j + 7] = np.count_nonzero(_IS_LOWER_ORIG.take(arr[:-1]) & _IS_UPPER_ORIG.take(arr[1:]))
     c[j + 8] = np.count_nonzero(a.take(starts) == 48) if n_words else 0
     c[j + 9] = counts[36] // 2
-    j = len(F._STRUCT_NAMES)
+    j = len(D.STRUCT_NAMES)
 
-    bigrams = F._bigram_keys(words) if n_words > 1 else np.zeros(0, dtype=np.uint32)
+    bigrams = H.bigram_keys(words) if n_words > 1 else np.zeros(0, dtype=np.uint32)
     keys = np.concatenate((words, bigrams))
     if keys.size:
-        slots = ((keys ^ F._MARKER_SALT) * F._FINAL) >> F._MARKER_SHIFT
-        hits = F._MARKER_TABLE.take(slots.astype(np.intp))
+        slots = ((keys ^ LX.MARKER_SALT) * H.FINAL) >> LX.MARKER_SHIFT
+        hits = LX.MARKER_TABLE.take(slots.astype(np.intp))
         hits = hits[hits != 0]
         if hits.size:
             c[j:] = ((hits[:, None] & _MARKER_BITS) != 0).sum(axis=0)
-    n_counts = len(F._COUNT_NAMES)
-    k = F._N_BASE
+    n_counts = len(D.COUNT_NAMES)
+    k = D.N_BASE
     dense[k : k + n_counts] = np.log1p(c)
     dense[k + n_counts : k + 2 * n_counts] = np.log1p(c * (1000.0 / (n_chars + 100.0)))
 
@@ -106,22 +109,22 @@ def extract(sample: str, full_len: int | None = None) -> F.Features:
     n = a.size
     if n >= 3:
         a32 = a.astype(np.uint32)
-        mults = F._NGRAM_MULTS
+        mults = H.NGRAM_MULTS
         h = a32[:-2] * mults[0] + a32[1:-1] * mults[1] + a32[2:] * mults[2]
-        parts.append(h ^ F._SALTS["char3"])
+        parts.append(h ^ H.SALTS["char3"])
         if n >= 4:
             h = h[:-1] + a32[3:] * mults[3]
-            parts.append(h ^ F._SALTS["char4"])
+            parts.append(h ^ H.SALTS["char4"])
             if n >= 5:
                 h = h[:-1] + a32[4:] * mults[4]
-                parts.append(h ^ F._SALTS["char5"])
+                parts.append(h ^ H.SALTS["char5"])
     if n_words:
-        parts.append(words ^ F._SALTS["word"])
-        parts.append(words[:1] ^ F._SALTS["first"])
+        parts.append(words ^ H.SALTS["word"])
+        parts.append(words[:1] ^ H.SALTS["first"])
         if n_words > 1:
-            parts.append(bigrams ^ F._SALTS["bigram"])
+            parts.append(bigrams ^ H.SALTS["bigram"])
     if parts:
-        buckets = ((np.concatenate(parts) * F._FINAL) >> F._SHIFT).astype(np.intp)
+        buckets = ((np.concatenate(parts) * H.FINAL) >> H.SHIFT).astype(np.intp)
     else:
         buckets = np.zeros(0, dtype=np.intp)
     return F.Features(dense, buckets, junk)

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from classifier import Classifier
 from classifier import train as T
 from classifier.data import read_prompt_dir
 from specroute.cli import main as specroute_main
 
-from .conftest import SHARED_PROMPTS, write_prompts
+from .conftest import FIXTURE_PROMPTS, write_prompts
 
 
 def test_eval_writes_the_documented_schema(tiny_prompts: Path, tmp_path: Path):
@@ -144,17 +143,32 @@ def test_numpy_scoring_matches_the_training_model(tiny_prompts: Path):
         assert np.allclose([got["chat"], got["code"], got["math"]], ref[i], atol=1e-7)
 
 
-@pytest.mark.skipif(not SHARED_PROMPTS.is_dir(), reason="shared prompt data not available")
-def test_shipped_model_is_calibrated_on_shared_prompts():
+def _english_ids(folder: Path) -> set[str]:
+    ids = set()
+    for file in folder.glob("*.jsonl"):
+        with file.open(encoding="utf-8") as fh:
+            for line in fh:
+                rec = json.loads(line)
+                if "lang" not in rec:
+                    ids.add(rec["id"])
+    return ids
+
+
+def test_shipped_model_is_calibrated_on_fixture_prompts():
+    """Accurate and calibrated on the English items (the sources the shipped model was trained on);
+    on the non-English items, which it never saw, it must still beat a loose floor."""
     from classifier.metrics import ece
 
-    examples, _ = read_prompt_dir(SHARED_PROMPTS)
-    rng = np.random.default_rng(0)
-    sample = [examples[i] for i in rng.choice(len(examples), 1500, replace=False)]
+    examples, _ = read_prompt_dir(FIXTURE_PROMPTS)
+    english = _english_ids(FIXTURE_PROMPTS)
     clf = Classifier.load()
-    probs = np.array(
-        [[clf.classify(e.request).probabilities[k] for k in ("chat", "code", "math")] for e in sample]
-    )
-    y = np.array([("chat", "code", "math").index(e.label) for e in sample])
-    assert (probs.argmax(1) == y).mean() > 0.95
-    assert ece(probs, y) < 0.05
+    for subset, min_acc, max_ece in ((True, 0.95, 0.05), (False, 0.6, None)):
+        sample = [e for e in examples if (e.id in english) == subset]
+        assert len(sample) >= 200
+        probs = np.array(
+            [[clf.classify(e.request).probabilities[k] for k in ("chat", "code", "math")] for e in sample]
+        )
+        y = np.array([("chat", "code", "math").index(e.label) for e in sample])
+        assert (probs.argmax(1) == y).mean() > min_acc
+        if max_ece is not None:
+            assert ece(probs, y) < max_ece

@@ -1,6 +1,6 @@
 """The fast feature scan and scorer reproduce the reference formulation exactly; the eval times it.
 
-`classifier.features.scan` reorganises the feature computation (shared pair tables, packed counts, one
+`classifier.features.scan` (`classifier.features.fast`) reorganises the feature computation (shared pair tables, packed counts, one
 bincount, keys written in place) and `Classifier.classify` folds the standardisation into the weights.
 Neither may change a feature or a probability: the shipped artifact was trained on the reference
 features (`reference_features.py`, the original implementation).
@@ -26,7 +26,7 @@ from classifier.model import junk_weight
 from specroute.cli import main as specroute_main
 
 from . import reference_features as R
-from .conftest import CHAT, CODE, MATH, SHARED_PROMPTS
+from .conftest import CHAT, CODE, FIXTURE_PROMPTS, MATH
 
 TRICKY = [
     "",
@@ -85,20 +85,17 @@ def test_scan_matches_reference_on_any_text(text: str):
     _same(text)
 
 
-@pytest.mark.skipif(not SHARED_PROMPTS.is_dir(), reason="shared prompt data not available")
-def test_scan_matches_reference_on_shared_prompts():
-    examples, _ = read_prompt_dir(SHARED_PROMPTS)
-    rng = np.random.default_rng(1)
-    picks = rng.choice(len(examples), 600, replace=False).tolist()
-    picks += sorted(range(len(examples)), key=lambda i: -len(str(examples[i].request)))[:40]  # the longest
-    for i in picks:
-        _same(*F.request_text(examples[i].request))
+def test_scan_matches_reference_on_fixture_prompts():
+    examples, _ = read_prompt_dir(FIXTURE_PROMPTS)  # every source, 13 languages, some long prompts
+    assert len(examples) >= 600
+    for ex in examples:
+        _same(*F.request_text(ex.request))
 
 
 def test_long_samples_are_read_head_and_tail():
     text = "HEAD " + "def f(x):\n    return x + 1\n" * 400 + " TAIL"
     a = F.scan(text, len(text))
-    b = F.scan(F._head_tail(text), len(text))
+    b = F.scan(F.head_tail(text), len(text))
     assert a is not None and b is not None
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 

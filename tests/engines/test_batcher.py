@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.batcher import Batcher, BatcherConfig, Event, GenRequest, QueueFull
-from engines.dcut import CostTable, DcutController
+from engines.batcher import Batcher
+from engines.dcut.controller import DcutController
+from engines.dcut.cost import CostTable
+from engines.drafters.registry import engine_kinds
 from engines.generate import ar_generate
 from engines.model import ModelConfig, Transformer, init_weights
+from engines.requests import BatcherConfig, Event, GenRequest, QueueFull
 from engines.sampling import SamplingParams
 from engines.spec import SpecDecoder
 from tests.lossless import assert_lossless
@@ -96,7 +99,7 @@ def run_batch(target, drafter, reqs, max_running=4, dcut=None, max_len=120, k=No
     return b, cols
 
 
-@pytest.mark.parametrize("kind", ["ar", "mtp", "dflash", "dfly"])
+@pytest.mark.parametrize("kind", engine_kinds())
 @pytest.mark.parametrize("use_dcut", [False, True, "probing"])
 @pytest.mark.parametrize("n, running", [(10, 4), (32, 32)])
 def test_concurrent_ragged_requests_match_ar(target, kind, use_dcut, n, running):
@@ -125,7 +128,7 @@ def test_concurrent_ragged_requests_match_ar(target, kind, use_dcut, n, running)
         st = c.final.stats
         assert st is not None and st.completion_tokens == len(c.tokens) and st.prompt_tokens == len(r.prompt_ids)
         if drafter is not None:
-            assert st.steps > 0 and st.drafted >= st.accepted
+            assert st.acceptance.steps > 0 and st.acceptance.drafted >= st.acceptance.accepted
 
 
 def test_stop_strings_and_context_limit(target):
@@ -189,15 +192,16 @@ def test_demo_model_32_concurrent_mixed_requests_equal_ar(kind, use_dcut):
     if not (DEMO / "drafters" / kind / "config.json").is_file():
         pytest.skip(f"models/demo has no {kind} drafter yet")
     from bench.engine import mixed_prompts
-    from engines.batcher import build_engine
+    from engines.factory import load_engine, new_decoder
 
-    eng = build_engine(kind, DEMO, 32)
+    eng = load_engine(kind, DEMO)
+    dec = new_decoder(eng, 32, prefill_chunk=128)
     ps = mixed_prompts(eng.tokenizer, 32, 200)
     reqs = [GenRequest(ids, SamplingParams(), max_tokens=24, request_id=pid) for pid, _, ids in ps]
     k = eng.drafter.max_draft
     dcut = DcutController(CostTable.linear(k, base_ms=2.0, per_token_ms=0.5), k) if use_dcut else None
-    b = Batcher(eng.decoder, eng.tokenizer.decode, [eng.tokenizer.eos_id],
-                BatcherConfig(max_running=32, max_waiting=64, max_len=eng.decoder.max_len), dcut).start()
+    b = Batcher(dec, eng.tokenizer.decode, [eng.tokenizer.eos_id],
+                BatcherConfig(max_running=32, max_waiting=64, max_len=dec.max_len), dcut).start()
     cols = []
     for r in reqs:
         c = Collector()

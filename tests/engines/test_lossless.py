@@ -24,6 +24,7 @@ from engines.model import KVCache, Transformer, load_model
 from engines.sampling import SamplingParams, logits_to_probs
 from engines.spec import SpecDecoder
 from engines.tokenizer import Tokenizer
+from specroute.contracts.stats import AcceptanceStats
 from tests.lossless import assert_lossless
 
 pytestmark = pytest.mark.e2e
@@ -103,24 +104,24 @@ def _spec_greedy(dec: SpecDecoder, slots: list[int], prompts: list[list[int]], k
 def test_greedy_speculative_equals_greedy_decoding(bundle, prompts, greedy_refs, kind, block, k):
     target, _ = bundle
     dec = SpecDecoder(target, _drafter(kind, block, target), 1, target.config.max_position_embeddings)
-    ties, steps, accepted = 0, 0, 0
+    ties, total = 0, AcceptanceStats()
     for i, (ids, ref) in enumerate(zip(prompts, greedy_refs, strict=True)):
         got, st = _spec_one(dec, ids, k)
-        steps, accepted = steps + st[0], accepted + st[1]
+        total = total.merge(st)
         res = assert_lossless(target, ids, got, ref, label=f"{kind} k={k} prompt {i}")
         ties += 0 if res.identical else 1
-    tau = (steps + accepted) / steps
+    tau = total.mean_accepted_length
     print(f"{kind} k={k}: {N_PROMPTS} prompts x {N_TOKENS} tokens lossless ({ties} near-ties), tau={tau:.2f}")
     assert tau > 1.3, f"{kind} accepts almost nothing (mean accepted length {tau:.2f})"
 
 
-def _spec_one(dec: SpecDecoder, ids: list[int], k: int) -> tuple[list[int], tuple[int, int]]:
+def _spec_one(dec: SpecDecoder, ids: list[int], k: int) -> tuple[list[int], AcceptanceStats]:
     out = [dec.prefill(0, ids, SamplingParams())]
     while len(out) < N_TOKENS:
         out += dec.verify([0], dec.draft([0], k), [k])[0]
     st = dec.stats(0)
     dec.release(0)
-    return out[:N_TOKENS], (st.steps, st.accepted)
+    return out[:N_TOKENS], st
 
 
 def test_batched_ragged_speculative_equals_greedy_decoding(bundle, prompts, greedy_refs):

@@ -11,11 +11,12 @@ import torch
 from torch import Tensor
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
+from engines.errors import ContextFull, DrafterMismatch, EmptyPrompt, PromptTooLong
 from engines.generate import ar_generate
+from engines.lossless import check_lossless
 from engines.model import ForwardOut, ModelConfig, Transformer, init_weights
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, check_lossless, spec_generate
-from specroute.errors import UserError
+from engines.spec import SpecDecoder, spec_generate
 from tests.lossless import assert_lossless
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -124,11 +125,12 @@ def test_spec_generate_is_token_identical_to_greedy(k, corrupt):
         got = spec_generate(target, None, CharTok(), p, GREEDY, max_tokens=40, k=k, decoder=dec)
         assert_lossless(target, p, got.token_ids, ref.token_ids, label=f"prompt {i}")
         assert got.finish_reason == ref.finish_reason and got.text == ref.text
-        per_pos = got.accepted_per_position
+        acc = got.stats.acceptance
+        per_pos = acc.accepted_per_position
         assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False)), per_pos  # monotone
-        assert got.accepted_tokens == per_pos[0] + sum(per_pos[1:]) if per_pos else True
+        assert acc.accepted == per_pos[0] + sum(per_pos[1:]) if per_pos else True
         if corrupt == 0.0:
-            assert got.mean_accepted_length > k   # perfect drafts: k+1 per step except the tail
+            assert acc.mean_accepted_length > k   # perfect drafts: k+1 per step except the tail
 
 
 def test_ar_engine_through_spec_decoder_matches_ar_generate():
@@ -137,7 +139,7 @@ def test_ar_engine_through_spec_decoder_matches_ar_generate():
         ref = ar_generate(target, CharTok(), p, GREEDY, max_tokens=30, max_len=128)
         got = spec_generate(target, None, CharTok(), p, GREEDY, max_tokens=30, max_len=128)
         assert got.token_ids == ref.token_ids
-        assert got.mean_accepted_length == 1.0
+        assert got.stats.acceptance.mean_accepted_length == 1.0
 
 
 def test_max_tokens_reached_inside_an_accepted_block():
@@ -183,12 +185,12 @@ def test_prompt_near_the_context_limit_and_k_larger_than_the_room_left(room):
     assert got.token_ids == ref.token_ids and len(got.token_ids) == room
 
 
-def test_prompt_too_long_or_empty_is_a_user_error():
+def test_prompt_too_long_or_empty_is_refused():
     target = make_target()
     dec = oracle_decoder(target, 1, 32)
-    with pytest.raises(UserError, match="context holds"):
+    with pytest.raises(PromptTooLong, match="context holds"):
         spec_generate(target, None, CharTok(), list(range(3, 35)), GREEDY, decoder=dec)
-    with pytest.raises(UserError, match="empty prompt"):
+    with pytest.raises(EmptyPrompt, match="empty prompt"):
         spec_generate(target, None, CharTok(), [], GREEDY, decoder=dec)
 
 
@@ -199,13 +201,13 @@ def test_verify_clamps_keep_to_the_room_left():
     dec.prefill(0, p, GREEDY)
     out = dec.verify([0], dec.draft([0], 8), [8])[0]
     assert dec.stats(0).drafted == 4 and len(out) == 5 and dec.length(0) == 24
-    with pytest.raises(UserError, match="full"):
+    with pytest.raises(ContextFull, match="full"):
         dec.verify([0], None, [0])
 
 
 def test_drafter_for_another_target_is_rejected():
     a, b = make_target(0), make_target(1)
-    with pytest.raises(UserError, match="different target"):
+    with pytest.raises(DrafterMismatch, match="different target"):
         SpecDecoder(a, OracleDrafter(b), 1, 32)
 
 
@@ -284,7 +286,7 @@ def test_check_lossless_flags_real_differences():
 
 def _real_drafter(kind: str, target: Transformer, block: int):
     registry = pytest.importorskip("engines.drafters.registry")
-    cfg = {} if kind == "mtp" else {"block_size": block}
+    cfg = {} if registry.DRAFTERS[kind].autoregressive else {"block_size": block}
     return registry.new_drafter(kind, target, **cfg)
 
 
@@ -298,7 +300,7 @@ def test_random_real_drafters_are_lossless_single_and_batched(kind, block):
         ref = ar_generate(target, CharTok(), p, GREEDY, max_tokens=24, max_len=128)
         got = spec_generate(target, drafter, CharTok(), p, GREEDY, max_tokens=24, k=k, max_len=128)
         assert_lossless(target, p, got.token_ids, ref.token_ids, label=kind)
-        assert got.steps >= 1 and got.drafted_tokens > 0
+        assert got.stats.acceptance.steps >= 1 and got.stats.acceptance.drafted > 0
     dec = SpecDecoder(target, drafter, 3, 128)
     g = torch.Generator().manual_seed(1)
     got = _run_batch(dec, ps, 24, k, lambda s: int(torch.randint(0, k + 1, (1,), generator=g)))

@@ -93,12 +93,13 @@ async def uvicorn_app(settings: Settings, classify: Callable[..., Any] = keyword
 
     import uvicorn
 
+    from router.http_guard import uvicorn_options
     from tests.redis_server import free_port
 
     app = create_app(settings, classify=classify)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                          timeout_graceful_shutdown=2))
+    opts = {**uvicorn_options(settings), "timeout_graceful_shutdown": 2}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **opts))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # keep pytest's handlers
     task = asyncio.create_task(server.serve())
     while not server.started:

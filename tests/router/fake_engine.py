@@ -16,7 +16,7 @@ import redis.asyncio as aredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from router.feedback import FeedbackRecord, make_recorder
+from specroute.contracts.feedback import FeedbackRecord, make_recorder
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
 WORDS = ["Hello", " from", " the", " fake", " engine", ".", " One", " two", " three", " four"]

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from router.feedback import CellStats
 from router.policy import (
     Canary,
     Policy,
@@ -18,8 +17,10 @@ from router.policy import (
     default_policy,
     diff_policies,
     expected_goodput,
+    fallback_order,
     policy_warnings,
 )
+from specroute.contracts.feedback import CellStats
 
 HEALTHY = {"mtp": PoolState(True, max_running=8), "dfly": PoolState(True, max_running=8)}
 CODE = {"chat": 0.05, "code": 0.9, "math": 0.05}
@@ -80,6 +81,17 @@ def test_no_healthy_pool() -> None:
     pools = {"mtp": PoolState(False), "dfly": PoolState(False)}
     d = decide(CODE, 0.0, {}, pools, pol(), random.Random(0))
     assert d.pool is None and d.reason == "no_healthy_pool"
+
+
+def test_fallback_order_is_the_one_decide_walks() -> None:
+    p = Policy(pools=["a", "b", "c", "d"], defaults={"chat": "a", "code": "a", "math": "a"}, safe_pool="c",
+               fallback_order=["b", "a"], drained=["d"])
+    assert fallback_order(p) == ["b", "a", "c"]
+    assert fallback_order(p, first="c") == ["c", "b", "a"]
+    assert fallback_order(p, first="d") == ["d", "b", "a", "c"]  # the chosen pool first, even drained
+    pools = {"a": PoolState(True), "b": PoolState(False), "c": PoolState(True), "d": PoolState(True)}
+    d = decide(CODE, 0.0, {}, pools, p.model_copy(update={"pins": {"code": "b"}}), random.Random(0))
+    assert (d.pool, d.reason) == ("a", "fallback")
 
 
 def test_canary_share_is_respected() -> None:

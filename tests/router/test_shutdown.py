@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from router.feedback import POLICY_KEY
 from router.tasks import stop_tasks
+from specroute.contracts.feedback import POLICY_KEY
 from tests.router.conftest import running_app, settings_for
 from tests.router.fake_engine import FakeConfig, FakeEngine
 

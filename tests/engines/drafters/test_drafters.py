@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
+from engines.drafters.config import build_target_layer_ids
 from engines.drafters.dflash import DFlashDrafter
-from engines.drafters.layers import build_target_layer_ids
 from engines.drafters.registry import DRAFTERS, load_drafter, new_drafter, save_drafter
 from engines.model import ModelConfig, Transformer, init_weights
 from specroute.errors import UserError

@@ -12,7 +12,10 @@ import torch
 
 from engines.drafters.registry import load_drafter, new_drafter
 from engines.model import ModelConfig, Transformer, init_weights, save_model
-from engines.training.drafters import Batch, all_anchors, block_loss, mtp_loss, train_drafter, ttt_mask
+from engines.training.batch import Batch
+from engines.training.drafters import train_drafter
+from engines.training.losses.block import all_anchors, block_loss
+from engines.training.losses.chain import chain_loss, ttt_mask
 from specroute.errors import UserError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,7 +72,7 @@ def test_mtp_ttt_matches_inference_chain():
     d = make_drafter("mtp", target).eval()
     tokens = torch.randint(3, TINY.vocab_size, (24,), generator=torch.Generator().manual_seed(2))
     P = 6
-    out = mtp_loss(d, batch_for(target, "mtp", d, tokens, P), steps=3, decay=0.8)
+    out = chain_loss(d, batch_for(target, "mtp", d, tokens, P), steps=3, decay=0.8)
     assert out.pred is not None
     for row, c in enumerate(range(P - 1, 24 - 2)):  # chain start c: inference after committing x_0..x_c
         d.allocate(1, 64)
@@ -115,7 +118,7 @@ def test_loss_goes_down(kind):
     losses = []
     for _ in range(80):
         if kind == "mtp":
-            out = mtp_loss(d, b, 3, 0.8)
+            out = chain_loss(d, b, 3, 0.8)
         else:
             anchors = torch.sort(torch.randperm(40, generator=g)[:8] + 4).values[None]
             out = block_loss(d, b, anchors, torch.ones_like(anchors, dtype=torch.bool), 5)
@@ -160,7 +163,7 @@ def test_tiny_pipeline_trains_reports_and_loads(bundle, kind, tmp_path_factory):
     from engines.model import load_model
 
     load_drafter(kind, bundle, load_model(bundle))
-    from engines.training.drafters import card_section
+    from engines.training.report import card_section
 
     assert f"### {kind}" in card_section(bundle)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.batcher import GenRequest
+from engines.requests import GenRequest
 from engines.sampling import SamplingParams
 from engines.vllm_adapter import (
     counter_deltas,
@@ -52,11 +52,13 @@ def test_sampling_kwargs():
 def test_stats_mapping_from_per_request_summary():
     summary = {"mean_acceptance_length": 1.23, "num_spec_steps": 43, "num_accepted_draft_tokens": 10,
                "num_draft_tokens": 129, "acceptance_histogram": [39, 1, 0, 3], "num_spec_tokens": 3}
-    s = stats_from_vllm(summary, prompt_tokens=7, completion_tokens=53)
+    r = stats_from_vllm(summary, prompt_tokens=7, completion_tokens=53)
+    s = r.acceptance
+    assert (r.prompt_tokens, r.completion_tokens) == (7, 53)
     assert (s.steps, s.drafted, s.accepted) == (43, 129, 10)
     assert s.accepted_per_position == [4, 3, 3]           # steps accepting >= 1, >= 2, >= 3 drafts
     assert s.mean_accepted_length == pytest.approx(53 / 43)
-    assert stats_from_vllm(None).steps == 0
+    assert stats_from_vllm(None).acceptance.steps == 0
 
 
 def test_find_spec_metrics_across_layouts():

@@ -1,8 +1,8 @@
 """Per-request acceptance feedback and the decayed per domain x pool statistics in Redis.
 
 Shared by both sides of the wire: engine workers *write* one record per finished request, gateways
-*read* the aggregates. This module therefore imports neither torch nor FastAPI (only `redis` lazily
-through the client you pass in).
+*read* the aggregates. This module therefore imports neither torch, FastAPI nor grpc, and neither
+wing (`router/`, `engines/`); `redis` only through the client you pass in.
 
 Redis layout (prefix `specroute:`, see ARCHITECTURE.md):
 
@@ -24,6 +24,8 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from specroute.contracts.stats import mean_accepted_length
 
 PREFIX = "specroute:"
 FEEDBACK_STREAM = PREFIX + "feedback"
@@ -71,15 +73,15 @@ class FeedbackRecord:
 class CellStats:
     """Decayed aggregates of one domain x pool cell (all sums, so ratios are decay-invariant)."""
 
-    n: float = 0.0
-    tokens: float = 0.0
-    drafted: float = 0.0
-    accepted: float = 0.0
-    steps: float = 0.0
-    decode_ms: float = 0.0
-    ttft_ms: float = 0.0
-    wall_ms: float = 0.0
-    t: float = 0.0
+    n: float = 0.0  # requests
+    tokens: float = 0.0  # completion tokens
+    drafted: float = 0.0  # draft tokens sent to verification
+    accepted: float = 0.0  # draft tokens accepted (bonus excluded)
+    steps: float = 0.0  # verification steps
+    decode_ms: float = 0.0  # worker wall time after the first token
+    ttft_ms: float = 0.0  # worker time to first token
+    wall_ms: float = 0.0  # worker wall time
+    t: float = 0.0  # Redis server time of the last update, s (0 = never)
 
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> CellStats:
@@ -109,8 +111,8 @@ class CellStats:
 
     @property
     def mean_accepted_length(self) -> float | None:
-        """Tokens per verification step, bonus included (vLLM: 1 + accepted / drafts)."""
-        return 1.0 + self.accepted / self.steps if self.steps > 0 else None
+        """Tokens per verification step, bonus included (`specroute.contracts.stats`)."""
+        return mean_accepted_length(self.accepted, self.steps)
 
     @property
     def draft_len(self) -> float | None:

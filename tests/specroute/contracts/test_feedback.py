@@ -9,7 +9,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from router.feedback import (
+from specroute.contracts.feedback import (
     FEEDBACK_STREAM,
     POLICY_KEY,
     CellStats,
@@ -73,7 +73,7 @@ def test_decayed_to_preserves_ratios() -> None:
     assert CellStats.from_hash({b"n": b"x", b"tokens": b"3", "bogus": "1"}) == CellStats(tokens=3.0)
 
 
-@pytest.mark.asyncio(loop_scope="session")  # grpc.aio in the other router tests: one loop per session
+@pytest.mark.asyncio(loop_scope="session")  # grpc.aio in the router tests: one loop per session
 async def test_async_recorder(redis_srv: RedisServer) -> None:
     c = aredis.Redis.from_url(redis_srv.url)
     try:

@@ -1,0 +1,147 @@
+"""The batcher's stateful D-Cut wrapper: calibration state, measured cost scales, the live on/off
+switch, and the decision whether a step drafts at all (with probes while plain steps win)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.dcut.cost import CostTable
+from engines.dcut.selection import (
+    RATIOS,
+    Calibration,
+    Selection,
+    bs_bucket,
+    calibrate,
+    drafting_pays,
+    prefix_scores,
+    select_keep,
+)
+
+PROBE_FIRST, PROBE_MAX = 8, 1024    # plain steps between probes: PROBE_FIRST x batch size, doubling
+PROBE_ROWS = 1                      # rows a probe drafts for (the rest of the batch takes a plain step)
+ROW_PRIOR = 4.0                     # pseudo-steps of the fleet average in each row's estimate
+
+
+@dataclass
+class DcutController:
+    """Owned by the batcher's loop thread; `enabled` may be flipped from any thread (live switch).
+
+    Besides choosing keep per step it decides, before drafting, whether drafting pays at the current
+    batch size, from the cost model: profiled drafting and verify times (scaled by what drafted steps
+    measure) and the tokens per row that drafted steps actually emitted. Where it does not pay the
+    batcher runs plain decoding steps (the drafter catches up on the committed context at its next
+    pass), with a speculative probe after 32, 64, ... up to 1024 plain steps so that the acceptance
+    estimate stays current. (Measured whole-step rates were tried as the arbiter: one step's time
+    swings with the drafter's catch-up on a new prompt, and the decision flapped.)"""
+
+    table: CostTable
+    k: int
+    enabled: bool = True
+    ratios: tuple[float, ...] = RATIOS
+    calibration: Calibration = field(init=False)
+    overhead_ms: float = 0.0          # EMA of the non-verify part of a drafted step (draft, selection)
+    cost_scale: float = 1.0           # EMA of measured / predicted verify time
+    draft_scale: float = 1.0          # EMA of measured / profiled drafting time (steady-state steps)
+    kept_fraction_ema: float = 1.0
+    tokens_per_row_ema: float = 0.0   # tokens emitted per row on drafted steps (0: none observed yet)
+    skip_drafting: bool = True        # allow plain steps when drafting does not pay
+    probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
+    probe_rows: int = PROBE_ROWS
+    skipped_steps: int = 0
+    cursor: int = 0                   # rotates the rows a probe drafts for
+    unmeasured_seen: int = 0
+    plain_run: dict = field(default_factory=dict)    # bs bucket -> plain steps since the last probe
+    probe_every: dict = field(default_factory=dict)  # bs bucket -> plain steps between probes
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.calibration = Calibration.empty(self.k)
+
+    def set_enabled(self, on: bool) -> None:
+        with self._lock:
+            self.enabled = bool(on)
+            self.plain_run.clear()
+            self.probe_every.clear()
+
+    def draft_ms(self, bs: int) -> float:
+        """Predicted drafting time of one step at batch size `bs` (profile x measured scale, else the
+        measured non-verify overhead)."""
+        d = self.table.draft_cost(bs)
+        return self.overhead_ms if d is None else d * self.draft_scale
+
+    def pays(self, bs: int, tokens_per_row: float | None = None) -> bool:
+        """Expected speculative tokens/ms (`tokens_per_row` per drafted row: by default the observed
+        average, or an optimistic prior of half the drafts accepted before any observation) against a
+        plain step's, both from the cost model."""
+        tpr = tokens_per_row or self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+        verify = self.table.cost(bs, self.kept_fraction_ema) * self.cost_scale
+        plain = self.table.cost(bs, 0.0) * self.cost_scale
+        return drafting_pays(bs * tpr, verify, self.draft_ms(bs), bs, plain)
+
+    def rows_to_draft(self, rows: Sequence[tuple[int, int]]) -> list[int]:
+        """Which running rows this step drafts for, given each row's (drafted steps, tokens those steps
+        emitted). A row's tokens per drafted step is its own record shrunk towards the fleet average
+        (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a good row off. All rows draft
+        where that pays for the batch; none (a plain step) where it does not, except every
+        `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
+        rotating), which keeps the estimates current at little cost. The probe interval starts at
+        `probe_first` x batch size (one row's estimate matters less in a bigger batch) and doubles up
+        to PROBE_MAX while drafting keeps losing; a newly admitted row restarts it."""
+        bs = len(rows)
+        if not self.enabled or not self.skip_drafting or bs <= 0:
+            return list(range(bs))
+        prior = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for steps, tokens in rows]
+        b = bs_bucket(bs)
+        if self.pays(bs, sum(est) / bs):
+            self.probe_every.pop(b, None)
+            self.plain_run.pop(b, None)
+            return list(range(bs))
+        first = self.probe_first * bs
+        unmeasured = [i for i, (steps, _) in enumerate(rows) if steps == 0]
+        if unmeasured and self.unmeasured_seen < len(unmeasured):   # a new row: probe it soon
+            self.probe_every[b] = min(self.probe_every.get(b, first), first)
+        self.unmeasured_seen = len(unmeasured)
+        n = self.plain_run.get(b, 0) + 1
+        every = self.probe_every.get(b, first)
+        if n > every:                                  # probe after `every` plain steps
+            self.plain_run[b] = 0
+            self.probe_every[b] = min(2 * every, PROBE_MAX)
+            self.cursor += 1
+            order = unmeasured + [(self.cursor + i) % bs for i in range(bs)]
+            return sorted(list(dict.fromkeys(order))[:min(self.probe_rows, bs)])
+        self.plain_run[b] = n
+        self.skipped_steps += 1
+        return []
+
+    def select(self, conf: np.ndarray, forced: Sequence[bool]) -> tuple[Selection, np.ndarray]:
+        """-> (selection, raw prefix products for `observe`)."""
+        raw = prefix_scores(conf)
+        scores = prefix_scores(conf, self.calibration.factors())
+        sel = select_keep(scores, self.table, forced, self.ratios, self.draft_ms(conf.shape[0]) / self.cost_scale)
+        return sel, raw
+
+    def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
+                overhead_ms: float | None = None, verify_ms: float | None = None,
+                sel: Selection | None = None) -> None:
+        """After a drafted step. `overhead_ms` (the drafting part) should be passed only for
+        steady-state steps, not ones where the drafter caught up on a long backlog of context."""
+        self.calibration = calibrate(self.calibration, raw, keep, accepted)
+        self.kept_fraction_ema = 0.95 * self.kept_fraction_ema + 0.05 * kept_fraction
+        bs = len(keep)
+        if bs:
+            tpr = 1.0 + sum(accepted) / bs
+            self.tokens_per_row_ema = tpr if self.tokens_per_row_ema == 0.0 else 0.9 * self.tokens_per_row_ema + 0.1 * tpr
+        if overhead_ms is not None:
+            self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
+            predicted = self.table.draft_cost(bs)
+            if predicted:
+                ratio = min(max(overhead_ms / predicted, 0.25), 4.0)
+                self.draft_scale = 0.9 * self.draft_scale + 0.1 * ratio
+        if verify_ms is not None and sel is not None and sel.cost_ms > 0:
+            ratio = min(max(verify_ms / sel.cost_ms, 0.25), 4.0)
+            self.cost_scale = 0.9 * self.cost_scale + 0.1 * ratio

@@ -1,0 +1,98 @@
+"""Building an engine from its kind and a model bundle, and a batcher over it.
+
+The one factory behind `specroute generate`, the gRPC worker and the benchmarks:
+
+    engine = load_engine("dfly", "models/demo", block_size=16)    # target + tokenizer + drafter
+    decoder = new_decoder(engine, num_slots=1)                    # SpecDecoder (its KV cache)
+    batcher = make_batcher(engine, BatcherConfig(max_running=32), dcut=True).start()
+
+Engine kinds are `engines.drafters.registry.engine_kinds()`: "ar" plus one per drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.batcher import Batcher
+from engines.dcut.controller import DcutController
+from engines.drafters.base import Drafter
+from engines.drafters.registry import DRAFTERS, engine_kinds, load_drafter
+from engines.errors import BundleMismatch, UnknownEngine
+from engines.model import Transformer, load_model
+from engines.requests import BatcherConfig, BatcherObserver
+from engines.spec import SpecDecoder
+from engines.tokenizer import Tokenizer
+
+DCUT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)   # profiled up to the batcher's max_running
+
+
+@dataclass
+class LoadedEngine:
+    """A target model, its tokenizer and (for speculative kinds) the drafter, from one bundle."""
+
+    kind: str                        # "ar" or a drafter kind
+    target: Transformer
+    tokenizer: Tokenizer
+    drafter: Drafter | None          # None for "ar"
+    model_dir: Path
+
+    @property
+    def block_size(self) -> int:
+        """Most draft tokens one step proposes (0 without a drafter)."""
+        return int(self.drafter.max_draft) if self.drafter is not None else 0
+
+    @property
+    def max_context(self) -> int:
+        return int(self.target.config.max_position_embeddings)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return sorted({*getattr(self.target.config, "eos_ids", ()), self.tokenizer.eos_id})
+
+
+def load_engine(kind: str, model_dir: str | Path, block_size: int | None = None) -> LoadedEngine:
+    """Load the target, tokenizer and (for a drafter kind) the drafter from `model_dir`; block drafters
+    run at `block_size` when given. Raises `UnknownEngine` / `BundleMismatch` (and the loaders'
+    `UserError`s for missing or malformed files)."""
+    if kind not in engine_kinds():
+        raise UnknownEngine(f"unknown engine {kind!r} (expected one of {', '.join(engine_kinds())})")
+    model_dir = Path(model_dir)
+    target = load_model(model_dir)
+    tok = Tokenizer.load(model_dir)
+    if tok.vocab_size > target.config.vocab_size:
+        raise BundleMismatch(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary is "
+                             f"{target.config.vocab_size}")
+    drafter = load_drafter(kind, model_dir, target, block_size).eval() if kind in DRAFTERS else None
+    return LoadedEngine(kind, target, tok, drafter, model_dir)
+
+
+def new_decoder(engine: LoadedEngine, num_slots: int, max_len: int | None = None, prefill_chunk: int = 256,
+                sample_drafts: bool = False) -> SpecDecoder:
+    """A `SpecDecoder` with `num_slots` cache slots of `max_len` tokens (default: the model's context)."""
+    return SpecDecoder(engine.target, engine.drafter, num_slots, int(max_len or engine.max_context),
+                       prefill_chunk=prefill_chunk, sample_drafts=sample_drafts)
+
+
+def make_batcher(engine: LoadedEngine, config: BatcherConfig, dcut: bool = False, threads: int = 1,
+                 profile_dir: str | Path | None = None, observer: BatcherObserver | None = None) -> Batcher:
+    """A batcher over a fresh decoder (`config.max_running` slots of `config.max_len` tokens); with
+    `dcut`, a D-Cut controller over this machine's cost profile (measured now unless cached)."""
+    decoder = new_decoder(engine, config.max_running, config.max_len, config.prefill_chunk)
+    controller = new_dcut(engine, decoder, config, threads, profile_dir) if dcut else None
+    return Batcher(decoder, engine.tokenizer.decode, engine.eos_ids, config, controller, observer)
+
+
+def new_dcut(engine: LoadedEngine, decoder: SpecDecoder, config: BatcherConfig, threads: int,
+             profile_dir: str | Path | None = None) -> DcutController | None:
+    """D-Cut for a batcher of `config` over `decoder` (None for AR or k = 0: nothing to cut)."""
+    from engines.dcut.profile import load_or_profile
+
+    k = engine.block_size if config.k is None else min(config.k, engine.block_size)
+    if engine.drafter is None or k <= 0:
+        return None
+    table = load_or_profile(engine.target, engine.model_dir, k, threads, cache_dir=profile_dir, decoder=decoder,
+                            context=min(256, max(8, config.max_len // 2)),
+                            capture=tuple(engine.drafter.capture_layers),
+                            batch_sizes=tuple(b for b in DCUT_BATCH_SIZES if b <= max(config.max_running, 1)) or (1,))
+    return DcutController(table, k)

@@ -1,0 +1,135 @@
+"""One batched decode step over the running rows: draft -> D-Cut -> verify.
+
+`decode_step` is what the batcher's loop calls once per iteration for every request holding a cache
+slot; it knows nothing about requests, streams or stop conditions, only slots, how many tokens each
+row may still emit, and the D-Cut controller (None: verify every draft). It returns the tokens each
+row emitted and what the batcher counts; the controller's own feedback (`observe`) happens here.
+
+Three kinds of step:
+
+- drafted: ONE `draft` for every row, keep per row (all k, or D-Cut's global top-K), ONE `verify`
+  (or one per D-Cut depth group when padding to the widest row costs more than extra forwards);
+- plain: no drafts (k = 0, or D-Cut found drafting does not pay): `verify(slots, None, 0s)`;
+- probe: while plain steps win, D-Cut drafts for a few rows to keep its estimates current; those are
+  verified in their own forward, the others as a plain step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engines.dcut.controller import DcutController
+from engines.dcut.selection import Selection, prefix_scores
+from engines.drafters.base import Proposal
+from engines.spec import SpecDecoder
+
+
+@dataclass
+class StepResult:
+    out: list[list[int]]              # tokens emitted per row: accepted drafts + correction/bonus
+    keep: list[int]                   # drafts verified per row
+    kept_fraction: float | None       # verified / drafted positions (None: plain step or probe)
+    drafted: list[int]                # rows whose per-row drafting record this step updates
+    dcut_kept_fraction: float = 1.0   # D-Cut's chosen kept fraction (1.0 without D-Cut)
+    extra_forwards: int = 0           # verify forwards beyond the first (D-Cut's depth groups)
+    probe: bool = False
+
+    @property
+    def accepted(self) -> list[int]:
+        return [len(o) - 1 for o in self.out]
+
+    @property
+    def verified_drafts(self) -> bool:
+        """Did any row verify drafts (a drafted step or a probe)?"""
+        return self.probe or self.kept_fraction is not None
+
+
+def decode_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k_max: int,
+                dcut: DcutController | None, forced: Sequence[bool],
+                records: Sequence[tuple[int, int]]) -> StepResult:
+    """slots [B]: the running rows; remaining [B]: tokens each may still emit (>= 1); k_max: draft
+    tokens per step; forced [B]: D-Cut switched off for the row (keeps all drafts); records [B]: each
+    row's (drafted steps, tokens those emitted), D-Cut's per-row estimate."""
+    k = max(0, min(k_max, max(remaining) - 1))
+    picked = list(range(len(slots)))
+    if k > 0 and dcut is not None and not any(forced):
+        picked = dcut.rows_to_draft(records)         # all rows, none (a plain step) or a cheap probe
+    if not picked:
+        k = 0
+    elif k > 0 and len(picked) < len(slots):
+        assert dcut is not None
+        return probe_step(decoder, slots, remaining, k, picked, dcut)
+    return drafted_step(decoder, slots, remaining, k, k_max, dcut, forced)
+
+
+def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, k_max: int,
+                 dcut: DcutController | None, forced: Sequence[bool]) -> StepResult:
+    """Every row drafts k tokens (none when k = 0: a plain step) and verifies its kept prefix."""
+    B = len(slots)
+    t0 = time.perf_counter()
+    sel: Selection | None = None
+    raw = None
+    proposal = decoder.draft(slots, k) if k > 0 else None
+    K = int(proposal.tokens.shape[1]) if proposal is not None else 0
+    keep = [K] * B
+    if proposal is not None and dcut is not None:
+        sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced)
+        keep = list(sel.keep)
+    keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
+    t1 = time.perf_counter()
+    groups = sel.groups if sel is not None and len(sel.groups) > 1 else [list(range(B))]
+    out = verify_groups(decoder, slots, proposal, keep, groups)
+    t2 = time.perf_counter()
+    kept_fraction = sum(keep) / (B * K) if K else None
+    if sel is not None and raw is not None and dcut is not None:
+        steady = decoder.last_ingest <= 2 * k_max + 2     # not a catch-up on a long backlog
+        dcut.observe(raw, keep, [len(o) - 1 for o in out], kept_fraction or 0.0,
+                     overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel)
+    return StepResult(out, keep, kept_fraction, [i for i, kp in enumerate(keep) if kp > 0],
+                      sel.kept_fraction if sel is not None else 1.0, len(groups) - 1)
+
+
+def probe_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, picked: list[int],
+               dcut: DcutController) -> StepResult:
+    """D-Cut's probe while plain steps win: draft for the `picked` rows so their acceptance estimate
+    stays current, verify them in their own forward and the others as a plain step."""
+    B = len(slots)
+    sub = decoder.draft([slots[i] for i in picked], k)
+    assert sub is not None
+    K = int(sub.tokens.shape[1])
+    keep = [max(0, min(K if i in picked else 0, r - 1)) for i, r in enumerate(remaining)]
+    out: list[list[int]] = [[] for _ in slots]
+    others = [i for i in range(B) if i not in picked]
+    for g, prop in ((picked, sub), (others, None)):
+        if g:
+            for i, o in zip(g, decoder.verify([slots[i] for i in g], prop, [keep[i] for i in g]), strict=True):
+                out[i] = o
+    dcut.observe(prefix_scores(sub.conf.detach().float().cpu().numpy()), [keep[i] for i in picked],
+                 [len(out[i]) - 1 for i in picked], 1.0)
+    return StepResult(out, keep, None, list(picked), probe=True)
+
+
+def verify_groups(decoder: SpecDecoder, slots: list[int], proposal: Proposal | None, keep: list[int],
+                  groups: list[list[int]]) -> list[list[int]]:
+    """Verify the rows in `groups` (one padded forward per group; one group: a single forward)."""
+    if len(groups) == 1:
+        return decoder.verify(slots, proposal, keep)
+    out: list[list[int]] = [[] for _ in slots]
+    for g in groups:
+        res = decoder.verify([slots[i] for i in g], rows_of(proposal, g), [keep[i] for i in g])
+        for i, o in zip(g, res, strict=True):
+            out[i] = o
+    return out
+
+
+def rows_of(proposal: Proposal | None, rows: Sequence[int]) -> Proposal | None:
+    """The proposal restricted to some rows (for verifying a subset of the batch)."""
+    if proposal is None:
+        return None
+    idx = torch.tensor(list(rows), dtype=torch.long)
+    return Proposal(proposal.tokens[idx], proposal.conf[idx],
+                    proposal.probs[idx] if proposal.probs is not None else None)

@@ -1,0 +1,101 @@
+"""What a drafter training run records: its progress (checkpointed), `train_<kind>.json` (summary,
+recipe, history, held-out evaluations) and the card section rendered from those files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engines.drafters.base import Drafter
+from engines.drafters.registry import DRAFTERS
+from engines.training.data import DOMAINS
+from engines.training.distill import DistillSet
+from engines.training.losses import objective_for
+from engines.training.recipe import DrafterPreset
+
+
+@dataclass
+class Progress:
+    """A run so far; checkpoints store these fields (flat) and the report quotes them."""
+
+    total: int                   # steps this run will take (fixed by the time budget once calibrated)
+    calibrated: bool
+    step: int = 0
+    elapsed: float = 0.0         # training seconds (data generation excluded)
+    history: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+
+def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, final_eval: dict, dest: Path,
+                    data: DistillSet, held: DistillSet, data_seconds: float) -> dict:
+    """`train_<kind>.json`."""
+    last = run.history[-1] if run.history else {}
+    summary = {
+        "kind": d.kind, "preset": preset, "parameters": sum(q.numel() for q in d.parameters()),
+        "file_mb": round((dest / "model.safetensors").stat().st_size / 2**20, 2),
+        "train_seconds": round(run.elapsed, 1), "data_seconds": round(data_seconds, 1),
+        "steps": run.step, "final_loss": last.get("loss"), "train_acc": last.get("train_acc", []),
+        "heldout": {k: v for k, v in final_eval.items() if k != "step"},
+    }
+    objective = objective_for(type(d))
+    recipe = {
+        "data": {"source": "target's own greedy responses to train prompts (self-distillation)",
+                 "sequences": len(data), "response_tokens": data.response_tokens(),
+                 "per_domain": {dom: data.domains.count(dom) for dom in DOMAINS},
+                 "generation_seconds": round(data.gen_seconds, 1),
+                 "heldout_eval_sequences": len(held)},
+        "target_layer_ids": list(d.capture_layers),
+        "draft_vocab": int(d.draft_vocab.numel()) or d.target.config.vocab_size,
+        "objective": "; ".join(filter(None, (objective.describe(p), d.objective_note))),
+        "preset": {**asdict(p), "steps": {d.kind: run.total}},
+    }
+    return {"summary": summary, "recipe": recipe, "history": run.history, "evals": run.evals}
+
+
+def card_section(bundle: Path) -> str:
+    """Markdown for `card.md`: each trained drafter's recipe and figures (from train_<kind>.json)."""
+    lines = ["## Drafters", "",
+             "Trained by `specroute train <kind> --preset demo` on the target's own greedy responses to "
+             "train prompts (self-distillation); accuracy below is measured on the target's responses to "
+             "held-out prompts (never trained on). tau = 1 + expected accepted drafts per step at T=0, "
+             "bonus included, averaged over every response position; real decoding spends more of its steps "
+             "at hard positions, so its mean accepted length per step (the acceptance table below) is lower.", ""]
+    for kind, cls in DRAFTERS.items():
+        path = Path(bundle) / "drafters" / kind / f"train_{kind}.json"
+        if path.is_file():
+            lines += drafter_lines(kind, json.loads(path.read_text()), objective_for(cls).layers_field)
+    vocab = Path(bundle) / "drafters" / "draft_vocab.json"
+    if vocab.is_file():
+        v = json.loads(vocab.read_text())
+        lines += ["### Draft vocabulary", "",
+                  f"Drafters propose only the {v['size']} (of {v['vocab_size']}) tokens the target emits most "
+                  f"often ({v['source']}; `specroute train draft-vocab`), through a bf16 copy of those LM-head rows. "
+                  f"Held-out coverage of the target's response tokens: {v['heldout_coverage']:.2%} "
+                  f"(by size: {', '.join(f'{n}: {c:.2%}' for n, c in v['heldout_coverage_by_size'].items())}). "
+                  "Verification is unchanged, so outputs stay exactly the target's.", ""]
+    return "\n".join(lines)
+
+
+def drafter_lines(kind: str, report: dict, layers_field: str) -> list[str]:
+    """One drafter's card section from its `train_<kind>.json`."""
+    s, rec = report["summary"], report["recipe"]
+    pre = rec["preset"]
+    lines = [f"### {kind}", "",
+             f"- {s['parameters'] / 1e6:.2f}M parameters ({s['file_mb']} MB bf16, target embedding/LM head shared); "
+             f"{pre[layers_field]} layer(s)"
+             + (f", target layers {rec['target_layer_ids']}" if rec["target_layer_ids"] else ""),
+             f"- objective: {rec['objective']}",
+             f"- data: {rec['data']['sequences']} sequences, {rec['data']['response_tokens']:,} response tokens "
+             f"({rec['data']['per_domain']})",
+             f"- {s['steps']} steps x batch {pre['batch_size']}, AdamW lr {pre['lr']} cosine, bf16 autocast, "
+             f"{s['train_seconds'] / 60:.1f} min on 2 CPU cores (+{s['data_seconds'] / 60:.1f} min data)", ""]
+    lines += ["| setting | domain | tau | top-1 accuracy by position |", "|---|---|---|---|"]
+    for setting, doms in s["heldout"].items():
+        for dom, v in doms.items():
+            if dom == "mean_tau":
+                continue
+            acc = " ".join(f"{a:.2f}" for a in v["acc"])
+            lines.append(f"| {setting} | {dom} | {v['tau']:.2f} | {acc} |")
+        lines.append(f"| {setting} | **mean** | **{doms['mean_tau']:.2f}** | |")
+    return [*lines, ""]

