@@ -38,10 +38,11 @@ LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
 
 @dataclass(frozen=True)
 class TrainConfig:
-    c: float = 1.0  # inverse L2 strength of the logistic regression
-    nb_alpha: float = 0.1  # additive smoothing of the Naive Bayes bucket counts
+    c: float = 0.1  # inverse L2 strength of the logistic regression
+    nb_alpha: float = 1.0  # additive smoothing of the Naive Bayes counts (relative to a uniform bucket)
     nb_scale: float = 10.0  # NB scores are multiplied by this before the regression
-    source_power: float = 0.5  # source weight inside a domain ~ n_source ** power / n_source
+    source_power: float = 0.5  # source mass inside a (language, domain) cell ~ n_source ** power
+    lang_power: float = 0.5  # language mass inside a domain ~ n_(language, domain) ** power
     max_iter: int = 2000
 
 
@@ -54,6 +55,11 @@ class Matrix:
     totals: np.ndarray  # (n,) number of buckets (>= 1)
     junk: np.ndarray  # (n,)
     y: np.ndarray  # (n,) label index
+    shares: sp.csr_matrix | None = None  # counts / totals: each request's buckets sum to 1
+
+    def __post_init__(self) -> None:
+        if self.shares is None:
+            self.shares = sp.csr_matrix(sp.diags(1.0 / self.totals) @ self.counts)
 
 
 def featurise(examples: Sequence[Example]) -> Matrix:
@@ -77,22 +83,32 @@ def featurise(examples: Sequence[Example]) -> Matrix:
     return Matrix(dense, counts, totals, junk, y)
 
 
-def sample_weights(examples: Sequence[Example], idx: np.ndarray, power: float) -> np.ndarray:
-    """Domain-balanced, source-dampened weights for the examples at `idx` (mean 1).
+def sample_weights(
+    examples: Sequence[Example], idx: np.ndarray, source_power: float, lang_power: float = 1.0
+) -> np.ndarray:
+    """Domain-balanced, language- and source-dampened weights for the examples at `idx` (mean 1).
 
-    Every domain gets the same total weight; inside a domain, the (source, domain) cell of n items
-    gets weight proportional to n ** power, shared equally by its items.
+    Every domain gets the same total weight; inside a domain, each language gets mass proportional to
+    n_(language, domain) ** lang_power, and inside that cell each source n_source ** source_power,
+    shared equally by its items. So English (mostly math) does not make "not English" mean "chat",
+    and gsm8k (6k items) does not drown the other math sources.
     """
-    cells = [(examples[i].source, examples[i].label) for i in idx]
-    n_cell = Counter(cells)
+    cells = [(examples[i].label, examples[i].lang, examples[i].source) for i in idx]
+    n_src = Counter(cells)
+    n_lang = Counter((d, lang) for d, lang, _ in cells)
+    src_mass: Counter[tuple[str, str]] = Counter()
+    for (d, lang, _), n in n_src.items():
+        src_mass[(d, lang)] += n**source_power
     dom_mass: Counter[str] = Counter()
-    for (_, label), n in n_cell.items():
-        dom_mass[label] += n**power
+    for (d, _), n in n_lang.items():
+        dom_mass[d] += n**lang_power
     n_domains = len(dom_mass)
     w = np.empty(len(idx), dtype=np.float64)
     for k, cell in enumerate(cells):
-        n = n_cell[cell]
-        w[k] = (n**power / dom_mass[cell[1]]) / n / n_domains
+        d, lang, _ = cell
+        lang_share = n_lang[(d, lang)] ** lang_power / dom_mass[d]
+        src_share = n_src[cell] ** source_power / src_mass[(d, lang)]
+        w[k] = lang_share * src_share / n_src[cell] / n_domains
     return w * (len(idx) / w.sum())
 
 
@@ -101,15 +117,62 @@ def _unit(ex: Example) -> str:
     return ex.source if ex.group == "extra" else ex.group
 
 
-def nb_table(class_counts: np.ndarray, alpha: float) -> np.ndarray:
-    """(N_BUCKETS, 2) log-likelihood ratios code/chat and math/chat from (N_BUCKETS, 3) counts."""
-    smoothed = class_counts + alpha
-    logp = np.log(smoothed / smoothed.sum(axis=0, keepdims=True))
-    return np.ascontiguousarray(logp[:, 1:] - logp[:, :1])
+def nb_table(
+    cell_counts: np.ndarray,
+    cell_mass: np.ndarray,
+    alpha: float,
+    minus: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """(N_BUCKETS, 2) log-likelihood ratios code/chat and math/chat, contrasted *within* languages.
+
+    `cell_counts` (N_BUCKETS, 3 * n_langs) holds the weighted bucket shares of each (language, domain)
+    cell (column 3 * language + domain), `cell_mass` (3 * n_langs,) the cells' total weight. For the
+    pair (d, chat), a language takes part only if it has both domains; it brings the same mass
+    (the smaller of its two cells) to both sides. A bucket that only one language uses (its script,
+    its common words) then has as much weight on both sides unless it tells the domains apart inside
+    that language: language alone is no evidence, and a language without math says nothing about math.
+
+    `minus = (counts, mass, columns)`: leave those counts (of the given cell columns) out, without
+    copying `cell_counts` (the out-of-fold tables of `fit`).
+    """
+    n_buckets = cell_counts.shape[0]
+    n_langs = cell_mass.size // 3
+    mass = cell_mass.astype(np.float64).copy()
+    if minus is not None:
+        mass -= minus[1]
+        np.maximum(mass, 0.0, out=mass)
+    mass = mass.reshape(n_langs, 3)
+    out = np.zeros((n_buckets, 2))
+    for d in (1, 2):
+        both = np.minimum(mass[:, d], mass[:, 0])
+        both[(mass[:, d] <= 1e-9) | (mass[:, 0] <= 1e-9)] = 0.0
+        if both.sum() <= 0:
+            continue
+        a = alpha * both.sum() / n_buckets
+        sides = []
+        for k in (d, 0):
+            wk = np.divide(both, mass[:, k], out=np.zeros(n_langs), where=both > 0)
+            side = cell_counts[:, k::3] @ wk
+            if minus is not None:
+                sub, _, cols = minus
+                wsub = np.zeros(cell_mass.size)
+                wsub[k::3] = wk
+                side -= sub @ wsub[cols]
+                np.maximum(side, 0.0, out=side)
+            sides.append(np.log(side + a))
+        out[:, d - 1] = sides[0] - sides[1]
+    return out
 
 
 def nb_scores(m: Matrix, rows: np.ndarray, table: np.ndarray) -> np.ndarray:
-    return np.asarray(m.counts[rows] @ table) / m.totals[rows, None]
+    return np.asarray(m.shares[rows] @ table)
+
+
+def _cell_counts(m: Matrix, rows: np.ndarray, w: np.ndarray, cells: np.ndarray, n_cells: int):
+    """(N_BUCKETS, n_cells) weighted bucket shares and (n_cells,) weights of the rows' cells."""
+    onehot = sp.csr_matrix((w, (np.arange(len(rows)), cells)), shape=(len(rows), n_cells))
+    counts = (onehot.T @ m.shares[rows]).T.toarray()
+    return counts, np.bincount(cells, weights=w, minlength=n_cells)
 
 
 @dataclass
@@ -133,20 +196,23 @@ def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfi
     missing = set(range(len(LABELS))) - set(np.unique(m.y[idx]).tolist())
     if missing:
         raise ValueError(f"training data has no {', '.join(LABELS[i] for i in sorted(missing))} examples")
-    w = sample_weights(examples, idx, cfg.source_power)
+    w = sample_weights(examples, idx, cfg.source_power, cfg.lang_power)
+    langs = sorted({examples[i].lang for i in idx})
+    lang_index = {lang: k for k, lang in enumerate(langs)}
+    n_cells = 3 * len(langs)
+    cells = np.array([3 * lang_index[examples[i].lang] for i in idx], dtype=np.int64) + m.y[idx]
     units = np.array([_unit(examples[i]) for i in idx])
-    onehot = np.eye(3)[m.y[idx]] * w[:, None]
-    per_unit: dict[str, np.ndarray] = {}
-    for u in sorted(set(units.tolist())):
-        rows = units == u
-        per_unit[u] = np.asarray(m.counts[idx[rows]].T @ onehot[rows])
-    total = sum(per_unit.values())
+    total, total_mass = _cell_counts(m, idx, w, cells, n_cells)
     nb_oof = np.zeros((len(idx), 2))
-    for u, cu in per_unit.items():
+    for u in sorted(set(units.tolist())):
         rows = np.flatnonzero(units == u)
-        nb_oof[rows] = nb_scores(m, idx[rows], nb_table(total - cu, cfg.nb_alpha) * cfg.nb_scale)
+        cu, mass_u = _cell_counts(m, idx[rows], w[rows], cells[rows], n_cells)
+        used = np.flatnonzero(mass_u > 0)
+        minus = (cu[:, used], mass_u, used)
+        table = nb_table(total, total_mass, cfg.nb_alpha, minus) * cfg.nb_scale
+        nb_oof[rows] = nb_scores(m, idx[rows], table)
     # the artifact stores the table as float32: use exactly those values here too
-    nb_full = (nb_table(total, cfg.nb_alpha) * cfg.nb_scale).astype(np.float32).astype(np.float64)
+    nb_full = (nb_table(total, total_mass, cfg.nb_alpha) * cfg.nb_scale).astype(np.float32).astype(np.float64)
 
     dense = m.dense[idx]
     mu = dense.mean(axis=0)

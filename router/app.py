@@ -76,6 +76,7 @@ def create_app(
     app.include_router(health.router)
     if settings.admin_enabled:
         app.include_router(admin.router)
+        app.state.failed_logins = admin.FailedLogins()
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:

@@ -107,11 +107,6 @@ class Gateway:
                       pools=self.pools.states(), policy=self.snapshot.policy,
                       redis_configured=self.store is not None, redis_ok=self.redis_ok)
 
-    @property
-    def ready(self) -> tuple[bool, str]:
-        r = self.readiness()
-        return r.ok, r.reason
-
     # -- policy writes (admin) -----------------------------------------------------------------
     async def current_policy(self) -> Policy:
         """The stored policy (the snapshot's when there is no store or nothing stored yet)."""

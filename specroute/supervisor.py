@@ -218,14 +218,13 @@ class Supervisor:
 
     # -- stopping ------------------------------------------------------------------------------------
     def stop_all(self, timeout: float | None = None, drain_s: float = 0.0) -> None:
-        """Stop every child, highest stage first: SIGTERM, then SIGKILL after `drain_s` (the first
-        stage only) + `timeout` seconds, or at once once `force` is set."""
+        """Stop every child, highest stage first: SIGTERM, then SIGKILL after `drain_s` + `timeout`
+        seconds (each stage may drain its in-flight work), or at once once `force` is set."""
         self.stopping = True
         timeout = self.settings.stop_timeout_s if timeout is None else timeout
-        stages = sorted({c.spec.stage for c in self.children}, reverse=True)
-        for i, stage in enumerate(stages):
+        for stage in sorted({c.spec.stage for c in self.children}, reverse=True):
             group = [c for c in self.children if c.spec.stage == stage and c.proc.poll() is None]
-            self._stop_group(group, (drain_s if i == 0 else 0.0) + timeout)
+            self._stop_group(group, drain_s + timeout)
         for c in self.children:
             c.state = "stopped"
         self.write_status()

@@ -1,7 +1,9 @@
 """The dense statistics: what each entry of the dense feature vector is (`DENSE_NAMES`).
 
-Byte / character entropy, shares of byte classes (`CLASS_CHARS`), line and word lengths, counts and
+Byte / character entropy, shares of character classes (`CLASS_CHARS`, per character: `non_ascii` is
+the share of non-ASCII characters), line and word lengths (characters per word), counts and per-word
 rates of structural byte patterns (`PAIR_GROUPS`, `STRUCT_NAMES`) and of the lexicon's marker groups.
+Per character and per word rather than per byte, so that a statistic means the same in every script.
 The fast path (`classifier.features.fast`) computes them through the tables of
 `classifier.features.tables`; `tests/classifier/reference_features.py` computes them one by one.
 """
@@ -132,6 +134,10 @@ N_BASE = 11 + N_CLASSES + 1
 FAST_ORDER = np.array(
     [*range(11), N_BASE - 1, *range(11, 11 + N_CLASSES), *range(N_BASE, N_DENSE)], dtype=np.intp
 )
+
+# rates are counts per word, damped for short texts: count * RATE_WORDS / (n_words + RATE_WORDS) (a
+# "word" of a script written without spaces is one character, see `hashing`)
+RATE_WORDS = 20.0
 
 N_CHAR_BINS = 4093
 CHAR_BINS = np.uint32(N_CHAR_BINS)

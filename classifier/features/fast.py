@@ -27,6 +27,7 @@ import numpy as np
 
 from classifier.features.dense import (
     CHAR_BINS,
+    RATE_WORDS,
     FAST_ORDER,
     LATEX_CMD_RE,
     N_CHAR_BINS,
@@ -45,6 +46,7 @@ from classifier.features.hashing import (
     SHIFT,
     T12,
     byte_pairs,
+    fold_symbols,
 )
 from classifier.features.lexicon import MARKER_SALT, MARKER_SHIFT
 from classifier.features.tables import (
@@ -131,9 +133,11 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     if n_bytes == n_chars:  # ASCII
         char_h = byte_h
         has_alnum = n_alnum > 0
+        folded = raw.translate(LOWER_FOLD)
+        check_eq = (n_digit and n_op) or n_equals
     else:  # character entropy over code points hashed to 4093 bins, as the reference computes it
         cps = np.frombuffer(sample.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
-        n_non_ascii = n_chars - (n_bytes - int(n_high))
+        n_non_ascii = n_chars - (n_bytes - int(n_high))  # characters, not bytes
         if n_non_ascii <= 64:  # few: ASCII characters are the ASCII bytes, the others in Python
             others = cps[cps >= 128].tolist()
             bins = Counter(cp % N_CHAR_BINS for cp in others)
@@ -153,6 +157,10 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
             bad += int(_add_reduce(JUNK_BLOCKS.take(cps >> 8)))
             has_alnum = n_alnum > 0 or ALNUM_RE.search(sample) is not None
         bad += sample.count("\ufffd")
+        # every script lower-cased; a few non-ASCII punctuation marks and operators folded to ASCII
+        folded = fold_symbols(sample.lower().encode("utf-8", errors="surrogatepass")).translate(LOWER_FOLD)
+        cc[C_HIGH] = n_non_ascii
+        check_eq = True  # folded operators and digits may have no ASCII byte in `raw`
     junk = min(1.0, bad / n_chars)
     if "\n" in sample:
         lines = sample.split("\n")
@@ -163,7 +171,6 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
         n_lines, max_line, blank = 1, n_chars, 0.0
 
     # normalised text: lower-cased, digits folded, whitespace runs folded to one space, padded
-    folded = raw.translate(LOWER_FOLD)
     norm = b" " + b" ".join(folded.split()) + b" "
     n = len(norm)  # >= 3: the sample has a non-whitespace byte
     pairs = byte_pairs(norm)
@@ -177,7 +184,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     call = (packed >> 16) & FIELD_MASK
     dotted = (packed >> 32) & FIELD_MASK
     snake = packed >> 48
-    despaced = folded.translate(None, ASCII_WS) if (n_digit and n_op) or n_equals else b""
+    despaced = folded.translate(None, ASCII_WS) if check_eq else b""
     if len(despaced) >= 3:  # 0+0 needs a digit and an operator, x=0 an `=`
         d = DESPACED_PAIR.take(byte_pairs(despaced))
         q = d[:-1] << 4
@@ -247,7 +254,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     dollars = int(n_dollar) // 2
     if dollars:
         c[I_DOLLAR] = dollars
-    rates = c * (1000.0 / (n_chars + 100.0))
+    rates = c * (RATE_WORDS / (n_words + RATE_WORDS))
     np.log1p(rates, out=rates)
     base = (
         _log1p(full_len),
@@ -257,13 +264,13 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
         _log1p(max_line),
         blank,
         _log1p(n_words),
-        _log1p(n_bytes / n_words) if n_words else 0.0,
+        _log1p(n_chars / n_words) if n_words else 0.0,
         byte_h / 8.0,
         char_h / 8.0,
         char_h / math.log2(n_chars + 1),
         junk,
     )
-    cc /= n_bytes
+    cc /= n_chars
     dense = _concatenate((base, cc[:N_CLASSES], np.log1p(c), rates))
     return dense, buckets, junk, has_alnum
 

@@ -32,7 +32,7 @@ from classifier.features.dense import (
     PAIR_TABLE,
     STRUCT_NAMES,
 )
-from classifier.features.hashing import LOWER_FOLD, NGRAM_MULTS, WORD_BYTES
+from classifier.features.hashing import LOWER_FOLD, NGRAM_MULTS, SPLIT_LEAD, WORD_BYTES
 from classifier.features.lexicon import MARKER_GROUPS, MARKER_TABLE
 
 # the fast path adds one column (ASCII letters and digits) to know whether the text has any
@@ -111,7 +111,7 @@ B_START, _B_NUM, _B_CALL, _B_DOT_L, _B_DOT_R, _B_US_L, _B_US_R = (1 << k for k i
 _wx, _wy = WORD_BYTES[_X] == 1, WORD_BYTES[_Y] == 1
 _ax, _ay = IS_ALNUM[_X], IS_ALNUM[_Y]
 NORM_PAIR = (
-    B_START * (~_wx & _wy)  # a word starts at y
+    B_START * ((~_wx & _wy) | SPLIT_LEAD[_Y])  # a word starts at y
     + _B_NUM * (~_wx & (_Y == 48))  # ... with a digit
     + _B_CALL * (_wx & (_Y == 40))  # name(
     + _B_DOT_L * (_wx & (_Y == 46))  # a. (then .b: a.b)

@@ -26,6 +26,7 @@ from engines.errors import EngineError, check_room
 from engines.requests import Closed, Event, GenRequest, QueueFull
 from engines.sampling import SamplingParams
 from specroute.contracts.feedback import FeedbackRecord
+from specroute.contracts.limits import over_context, too_long_message
 from specroute.errors import UserError
 from specroute.v1 import engine_pb2 as pb
 from specroute.v1 import engine_pb2_grpc as pb_grpc
@@ -33,6 +34,7 @@ from specroute.v1 import engine_pb2_grpc as pb_grpc
 log = logging.getLogger("specroute.worker")
 
 SERVICE = "specroute.v1.Engine"
+TOKENIZE_INLINE_BYTES = 4096  # larger requests are validated and tokenized in a thread, off the event loop
 ABORT_CODES = {
     "cancelled": grpc.StatusCode.CANCELLED,
     "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -67,6 +69,9 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
         raise InvalidRequest(f"max_tokens must be positive, got {r.max_tokens}")
     if len(r.stop) > 16 or any(len(s) > 256 for s in r.stop) or any(not s for s in r.stop):
         raise InvalidRequest("stop: at most 16 non-empty strings of at most 256 characters")
+    n_bytes = over_context([m.content for m in r.messages] or [r.prompt], backend.info.max_context)
+    if n_bytes is not None:  # cannot fit, whatever the tokenizer makes of it: refused before tokenizing
+        raise InvalidRequest(too_long_message(n_bytes, backend.info.max_context))
     try:
         ids = backend.tokenize(messages, r.prompt)
     except UserError as exc:
@@ -103,7 +108,12 @@ class EngineService(pb_grpc.EngineServicer):
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
-            req = build_request(request, self.backend, self.settings.max_tokens_default, deadline)
+            args = (request, self.backend, self.settings.max_tokens_default, deadline)
+            # a long prompt takes a while to tokenize: not on the loop that streams everyone's tokens
+            if request.ByteSize() > TOKENIZE_INLINE_BYTES:
+                req = await asyncio.to_thread(build_request, *args)
+            else:
+                req = build_request(*args)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         loop = asyncio.get_running_loop()

@@ -35,7 +35,7 @@ class RollbackRequest(BaseModel):
 class FailedLogins:
     """Refused admin requests: each one counted (`specroute_admin_auth_failures_total`), and logged
     with the client address, at most `per_window` lines per `window_s` (a flood cannot fill the log;
-    the suppressed count is reported with the next line)."""
+    the suppressed count is reported with the next line). One per app (`app.state.failed_logins`)."""
 
     def __init__(self, per_window: int = 20, window_s: float = 60.0) -> None:
         self.per_window, self.window_s = per_window, window_s
@@ -57,8 +57,6 @@ class FailedLogins:
         log.warning("admin login failed: %s %s from %s: %s%s", request.method, request.url.path, client, why, more)
 
 
-failed_logins = FailedLogins()
-
 
 def require_admin(request: Request) -> str:
     """The token's name (recorded as the actor of every change)."""
@@ -72,7 +70,7 @@ def require_admin(request: Request) -> str:
     name = matching_key(header, s.admin_tokens)
     if name is not None:
         return name
-    failed_logins.record(g, request, "wrong token" if header else "no token")
+    request.app.state.failed_logins.record(g, request, "wrong token" if header else "no token")
     raise APIError(401, "missing or invalid admin token", code="invalid_admin_token",
                    headers={"www-authenticate": "Bearer"})
 
