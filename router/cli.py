@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--pool", action="append", metavar="NAME=HOST:PORT[,HOST:PORT]",
-                   help="a worker pool and its gRPC endpoints (repeat for several pools)")
+                   help="a worker pool and its gRPC endpoints (repeat for several pools); a member "
+                        "dns:///HOST:PORT means every address HOST resolves to, re-resolved every "
+                        "$SPECROUTE_DNS_REFRESH_S seconds (Kubernetes: a headless Service)")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
     p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
                                          "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")

@@ -57,6 +57,7 @@ class Gateway:
             breaker_failures=settings.breaker_failures,
             breaker_cooldown_s=settings.breaker_cooldown_s,
             rng=self.rng,
+            dns_refresh_s=settings.dns_refresh_s,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
         self.sync = SnapshotSync(default_policy(self.pools.names), self.store, self.pools, self.metrics,

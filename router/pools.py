@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.discovery import DnsDiscovery, Resolver
 from router.policy import PoolState
 from router.tasks import run_every, stop_tasks
 from specroute.v1 import engine_pb2, engine_pb2_grpc
@@ -148,10 +149,15 @@ class PoolManager:
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 5.0,
         rng: random.Random | None = None,
+        resolver: Resolver | None = None,
+        dns_refresh_s: float = 5.0,
     ) -> None:
+        # `dns:///HOST:PORT` members: one endpoint per resolved address, kept current (router/discovery.py)
+        static, self.discovery = DnsDiscovery.split(
+            pools, lambda pool, a: Endpoint(pool, a, breaker_failures, breaker_cooldown_s), resolver, dns_refresh_s)
         self.pools: dict[str, list[Endpoint]] = {
             name: [Endpoint(name, a, breaker_failures, breaker_cooldown_s) for a in addrs]
-            for name, addrs in pools.items()
+            for name, addrs in static.items()
         }
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
@@ -170,6 +176,7 @@ class PoolManager:
         await asyncio.gather(*(e.check(self.health_timeout_s) for e in self.endpoints()))
 
     async def start(self) -> None:
+        await self.discovery.start(self)
         for e in self.endpoints():
             e.connect()
         await self.check_all()
@@ -180,6 +187,7 @@ class PoolManager:
     async def close(self) -> None:
         """Stop the health/Load poller (and wait for it), then close every channel."""
         self._closing = True
+        await self.discovery.close()
         if self._task is not None:
             await stop_tasks([self._task])
             self._task = None

@@ -13,9 +13,12 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from router.discovery import is_dns, parse_dns
+
 
 def parse_pools(value: Any) -> dict[str, list[str]]:
-    """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form."""
+    """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form; a member
+    `dns:///host:port` stands for every address the name resolves to (router/discovery.py)."""
     if value is None or value == "":
         return {}
     if isinstance(value, str):
@@ -39,6 +42,9 @@ def parse_pools(value: Any) -> dict[str, list[str]]:
         if not addrs:
             raise ValueError(f"pool {name!r} has no endpoints")
         for a in addrs:
+            if is_dns(str(a)):
+                parse_dns(str(name), str(a))
+                continue
             host, _, port = str(a).rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"pool {name!r}: endpoint {a!r} must be HOST:PORT")
@@ -119,6 +125,7 @@ class Settings(BaseSettings):
     health_timeout_s: float = Field(default=1.0, gt=0)
     breaker_failures: int = Field(default=3, ge=1)
     breaker_cooldown_s: float = Field(default=5.0, ge=0)
+    dns_refresh_s: float = Field(default=5.0, gt=0, description="re-resolve `dns:///` pool members this often")
     stats_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     gateway_feedback: bool = Field(
