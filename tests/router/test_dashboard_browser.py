@@ -1,0 +1,83 @@
+"""The dashboard (router/static/dashboard.html) in a real browser (tests/browser.py) against a real
+gateway (uvicorn, fake engine workers): connection loss, the admin token's storage, Apply without a
+loaded version, and pools that report no acceptance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.browser import browser
+from tests.router.conftest import settings_for
+from tests.router.fake_engine import FakeConfig
+from tests.router.gateway_thread import GatewayThread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    with browser() as b:
+        yield b
+
+
+def _gateway() -> GatewayThread:
+    return GatewayThread(lambda addrs: settings_for({"mtp": [addrs[0]], "dfly": [addrs[1]]}, None),
+                         [FakeConfig(), FakeConfig()]).start()
+
+
+def test_dashboard_shows_lost_connection_within_one_refresh(chromium: Any) -> None:
+    gw = _gateway()
+    page = chromium.new_page()
+    page.add_init_script("sessionStorage.setItem('specroute-admin-token', 's3cret')")
+    try:
+        page.goto(gw.url + "/dashboard?refresh=300")
+        page.wait_for_function("document.getElementById('status').textContent.includes('ready')", timeout=10_000)
+        page.wait_for_function("document.querySelectorAll('#pools td.ok').length >= 2", timeout=10_000)
+    finally:
+        gw.stop()
+    # one refresh (300 ms) plus the fetch's own failure: well under two seconds
+    page.wait_for_selector("#lost", timeout=2_000)
+    assert "connection lost" in page.inner_text("#status")
+    assert "ready" not in page.inner_text("#status")
+    pools = page.inner_text("#pools tbody")
+    assert "healthy" not in pools and "unknown" in pools
+    page.close()
+
+
+def test_token_storage_apply_needs_a_loaded_version_and_mal_dash(chromium: Any) -> None:
+    gw = _gateway()
+    page = chromium.new_page()
+    puts: list[dict[str, str]] = []
+    page.on("request", lambda r: puts.append(r.headers) if r.method == "PUT" else None)
+    try:
+        page.goto(gw.url + "/dashboard?refresh=300")
+        # without a token the policy cannot be loaded: Apply must not fall back to `If-Match: *`
+        page.wait_for_function("document.getElementById('result').textContent.includes('invalid_admin_token')",
+                               timeout=10_000)
+        page.fill("#policy", '{"pools": ["mtp", "dfly"], "defaults": {"chat": "mtp", "code": "mtp", '
+                             '"math": "mtp"}, "safe_pool": "mtp"}')
+        page.click("text=Apply")
+        page.wait_for_function("document.getElementById('result').textContent.includes('Reload')", timeout=5_000)
+        assert puts == []
+
+        # the token is kept for the tab only
+        page.fill("#token", "s3cret")
+        page.dispatch_event("#token", "change")
+        page.wait_for_function("document.getElementById('pver').textContent.includes('version')", timeout=10_000)
+        assert page.evaluate("localStorage.getItem('specroute-admin-token')") is None
+        assert page.evaluate("sessionStorage.getItem('specroute-admin-token')") == "s3cret"
+
+        page.click("text=Apply")
+        page.wait_for_function("document.getElementById('result').textContent.length > 0 && "
+                               "!document.getElementById('result').textContent.includes('Reload')", timeout=5_000)
+        assert len(puts) == 1 and puts[0]["if-match"] == '"0"'
+
+        # fake workers report no mean accepted length (0): shown as a dash, not 0.00
+        page.wait_for_function("document.querySelectorAll('#pools td.mal').length >= 2", timeout=10_000)
+        assert set(page.eval_on_selector_all("#pools td.mal", "els => els.map(e => e.textContent)")) == {"—"}
+    finally:
+        page.close()
+        gw.stop()
