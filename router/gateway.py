@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from router.classification import Classification, Classifier, ClassifyFn
+from router.fallbacks import policy_fallback
 from router.gateway_feedback import GatewayFeedback
 from router.metrics import Metrics
 from router.policy import Decision, Policy, decide, default_policy, fallback_order
@@ -56,6 +57,7 @@ class Gateway:
             health_timeout_s=settings.health_timeout_s,
             breaker_failures=settings.breaker_failures,
             breaker_cooldown_s=settings.breaker_cooldown_s,
+            info_interval_s=settings.info_interval_s,
             rng=self.rng,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
@@ -165,9 +167,14 @@ class Gateway:
 
     def route(self, probs: Mapping[str, float], uncertainty: float) -> Decision:
         snap = self.snapshot
-        d = decide(probs, uncertainty, snap.stats, self.pools.states(), snap.policy, self.rng)
+        states = self.pools.states()
+        d = decide(probs, uncertainty, snap.stats, states, snap.policy, self.rng)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
+        if d.reason == "fallback" or d.pool is None:  # a pool is down or drained: count it as a fallback
+            labels = policy_fallback(d, snap.policy, states, uncertainty)
+            if labels is not None:
+                self.metrics.fallbacks_by(*labels).inc()
         return d
 
     async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float) -> Upstream:

@@ -86,6 +86,7 @@ class Metrics:
         self.route_decisions_by = Children(self.route_decisions)
         self.ttft_by = Children(self.ttft_seconds)
         self.itl_by = Children(self.itl_seconds)
+        self.fallbacks_by = Children(self.fallbacks)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

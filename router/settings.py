@@ -119,6 +119,7 @@ class Settings(BaseSettings):
     health_timeout_s: float = Field(default=1.0, gt=0)
     breaker_failures: int = Field(default=3, ge=1)
     breaker_cooldown_s: float = Field(default=5.0, ge=0)
+    info_interval_s: float = Field(default=10.0, gt=0, description="re-read each worker's Info this often")
     stats_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     gateway_feedback: bool = Field(

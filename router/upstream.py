@@ -72,6 +72,7 @@ class Upstream:
     first: Any  # engine_pb2.GenerateChunk, or None when the worker sent nothing
     attempts: int
     worker_s: float = 0.0  # time spent waiting on the worker
+    trial: bool = False  # the endpoint's half-open breaker trial (router/pools.py)
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:
@@ -111,7 +112,7 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
-        self.endpoint.inflight -= 1
+        self.endpoint.release(self.trial)
         if ok:
             self.endpoint.record_success()
         elif not self.call.done():
@@ -146,22 +147,22 @@ class Dispatcher:
                 tried.add(ep)
                 req.pool = pool
                 call = ep.stub.Generate(req, timeout=remaining)
-                ep.inflight += 1
+                trial = ep.acquire()
                 t = time.perf_counter()
                 try:
                     first = await call.read()
                 except grpc.aio.AioRpcError as exc:
-                    ep.inflight -= 1
+                    ep.release(trial)
                     record_rpc_failure(ep, exc)
                     if exc.code() not in RETRYABLE:
                         raise WorkerRejected(exc.code(), exc.details()) from exc
                     last, prev_pool = exc, pool
                     continue
                 except BaseException:
-                    ep.inflight -= 1
+                    ep.release(trial)
                     call.cancel()
                     raise
-                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts)
+                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts, trial=trial)
                 up.worker_s = time.perf_counter() - t
                 return up
         if last is not None:

@@ -132,6 +132,7 @@ class EngineService(pb_grpc.EngineServicer):
                     msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
                                        "shutdown": "worker shut down before the request finished"}.get(
                                            ev.finish_reason, "engine error")
+                    log.warning("request %s ended: %s", req.request_id or "-", msg)
                     await context.abort(ABORT_CODES[ev.finish_reason], msg)
                 if coalesce and not first:
                     held_text.append(ev.text)
@@ -146,6 +147,9 @@ class EngineService(pb_grpc.EngineServicer):
                     first = False
                 if ev.finish_reason:
                     finished = True
+                    log.info("request %s finished (%s): %d prompt + %d completion tokens, domain %s",
+                             req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
+                             ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-")
                     chunk.finish_reason = ev.finish_reason
                     chunk.prompt_tokens = len(req.prompt_ids)
                     if ev.stats is not None:

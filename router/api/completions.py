@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 import grpc
@@ -50,6 +49,7 @@ from router.asgi import (
 from router.errors import APIError, from_grpc, from_upstream, validation_error
 from router.gateway import Gateway
 from router.policy import Decision
+from router.request_id import request_id
 from router.schemas import ChatCompletionRequest, CompletionRequest
 from router.upstream import Upstream, UpstreamError
 from specroute.contracts.limits import over_context, too_long_message
@@ -137,11 +137,14 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     s = g.settings
     authorization = b""
     content_length: bytes | None = None
+    client_rid: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             content_length = value
         elif name == b"authorization":
             authorization = value
+        elif name == b"x-request-id":
+            client_rid = value
     if s.api_keys:
         check_authorization(authorization.decode("latin-1"), s.api_keys)
     body = _parse(kind, await read_body(receive, s.max_body_bytes, content_length))
@@ -154,7 +157,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     if not probs and label:
         probs = {label: 1.0}
     d = g.route(probs, unc)
-    rid = os.urandom(12).hex()
+    rid = request_id(client_rid)
     if d.pool is None:
         raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
                        headers=header_dict(_headers(g, d, None, time.perf_counter() - t0, rid)))
@@ -228,15 +231,15 @@ async def _generate(
     spec = spec_object(d, up.pool, col)
     overhead = max(0.0, time.perf_counter() - t0 - up.worker_s)
     g.metrics.overhead_seconds.observe(overhead)
-    _record(g, up, d, col, "200")
+    _record(g, up, d, col, "200", rid)
     return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, d, up.pool, overhead, rid)],
                   out.json("".join(col.text), finish, col.usage(), spec))
 
 
-def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str) -> None:
+def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, rid: str) -> None:
     g.metrics.requests_by(d.domain, up.pool, status).inc()
     if g.settings.gateway_feedback and status == "200":
-        g.feedback(feedback_record(d, up.pool, col, up.worker_s))
+        g.feedback(feedback_record(d, up.pool, col, up.worker_s, rid))
 
 
 def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
@@ -289,7 +292,7 @@ async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: 
         raise
     finally:
         up.close(ok)
-        _record(g, up, d, col, status)
+        _record(g, up, d, col, status, out.rid)
 
 
 class ASGIEndpoint(Response):
