@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from router.access_log import AccessLog
 from router.classification import Classification, Classifier, ClassifyFn
 from router.fallbacks import policy_fallback
 from router.gateway_feedback import GatewayFeedback
@@ -67,6 +68,8 @@ class Gateway:
         self.dispatcher = Dispatcher(self.pools, self.metrics, settings.max_attempts)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
+        self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
+                           if settings.access_log else None)
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = time.time()
 
@@ -93,6 +96,8 @@ class Gateway:
             await self.pools.close()
             if self.store is not None:
                 await self.store.close()
+            if self.access_log is not None:
+                self.access_log.close()
 
     @property
     def snapshot(self) -> Snapshot:

@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=2048, ge=1)
     drain_timeout_s: float = Field(default=10.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
+    # structured access log of the completion endpoints (router/access_log.py): off by default
+    access_log: bool = Field(default=False, description="write one JSON line per completion request")
+    access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0,
+                                     description="share of successful requests logged (errors always are)")
+    access_log_file: Path | None = Field(default=None, description="access log file (default: stderr)")
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 

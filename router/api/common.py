@@ -36,10 +36,15 @@ def matching_key(header: str, keys: dict[str, str]) -> str | None:
     return next((name for name, secret in keys.items() if hmac.compare_digest(token, secret)), None)
 
 
-def check_authorization(header: str, keys: dict[str, str]) -> None:
-    """`header` (the Authorization value) must carry one of `keys` as a bearer token (if any are set)."""
-    if keys and matching_key(header, keys) is None:
+def check_authorization(header: str, keys: dict[str, str]) -> str | None:
+    """`header` (the Authorization value) must carry one of `keys` as a bearer token (if any are set);
+    returns the key's name (None when no keys are set)."""
+    if not keys:
+        return None
+    name = matching_key(header, keys)
+    if name is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return name
 
 
 def check_api_key(request: Request, keys: dict[str, str]) -> None:

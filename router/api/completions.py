@@ -7,6 +7,9 @@ on their paths, without the framework's routing, middleware stack, request and r
 (router/api/openai.py) run the same handler through `ASGIEndpoint`. What goes over the wire is built
 by the pure functions of router/api/openai_wire.py; a non-streaming request asks the worker to
 `coalesce` its chunks.
+
+Per-request hooks live here, not in middleware (which these paths skip): `serve` fills an `Outcome`
+as the request goes and writes the access log line (router/access_log.py) once the response is out.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from router.access_log import Outcome
 from router.api.common import check_authorization, parse_json
 from router.api.openai_wire import (
     SSE_HEADERS,
@@ -33,6 +37,7 @@ from router.api.openai_wire import (
     feedback_record,
     finish_reason,
     generate_request,
+    served_reason,
     spec_object,
     sse,
 )
@@ -78,10 +83,25 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     OpenAI error with its status, or nothing when the client went away (its worker call cancelled).
     """
     t0 = time.perf_counter()
+    out = Outcome(kind)
     try:
-        reply = await _complete(g, kind, scope, receive, send, t0)
+        await _serve(g, kind, scope, receive, send, t0, out)
+    finally:
+        if g.access_log is not None:
+            if not out.status:
+                out.status = 499  # the client went away (or the task was torn down) before an answer
+            g.access_log.write(out, time.perf_counter() - t0)
+
+
+async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
+                 out: Outcome) -> None:
+    try:
+        reply = await _complete(g, kind, scope, receive, send, t0, out)
     except APIError as exc:
-        reply = _Reply(exc.status, [JSON_CONTENT_TYPE, *raw_headers(exc.headers)], orjson.dumps(exc.body()))
+        headers = [JSON_CONTENT_TYPE, *raw_headers(exc.headers)]
+        if out.rid is not None and "x-request-id" not in exc.headers:
+            headers.append((b"x-request-id", out.rid.encode("latin-1")))
+        reply = _Reply(exc.status, headers, orjson.dumps(exc.body()))
     except ClientDisconnected:
         return
     except asyncio.CancelledError:
@@ -99,6 +119,7 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     if reply is _STREAMED:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return
+    out.status = reply.status
     await send_response(send, reply.status, reply.headers, reply.body)
 
 
@@ -133,7 +154,8 @@ def _headers(g: Gateway, d: Decision, pool: str | None, overhead_s: float, rid: 
     return decision_headers(d, pool, g.snapshot.policy.version, overhead_s, rid)
 
 
-async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float) -> _Reply | None:
+async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
+                    out: Outcome) -> _Reply | None:
     s = g.settings
     authorization = b""
     content_length: bytes | None = None
@@ -145,9 +167,11 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
             authorization = value
         elif name == b"x-request-id":
             client_rid = value
+    out.rid = rid = request_id(client_rid)
     if s.api_keys:
-        check_authorization(authorization.decode("latin-1"), s.api_keys)
+        out.key = check_authorization(authorization.decode("latin-1"), s.api_keys)
     body = _parse(kind, await read_body(receive, s.max_body_bytes, content_length))
+    out.model, out.stream = body.model, bool(body.stream)
     body.check_supported()
     if not g.model_known(body.model):
         raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
@@ -157,7 +181,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     if not probs and label:
         probs = {label: 1.0}
     d = g.route(probs, unc)
-    rid = request_id(client_rid)
+    out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
     if d.pool is None:
         raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
                        headers=header_dict(_headers(g, d, None, time.perf_counter() - t0, rid)))
@@ -171,7 +195,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     req = generate_request(body, rid, d.domain)
     guard = DisconnectGuard(receive)
     try:
-        return await _generate(g, kind, body, d, req, t0, send, guard)
+        return await _generate(g, kind, body, d, req, t0, send, guard, out)
     except asyncio.CancelledError:
         if guard.caused_cancel():
             return None
@@ -182,7 +206,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
 
 async def _generate(
     g: Gateway, kind: Kind, body: Body, d: Decision, req: engine_pb2.GenerateRequest, t0: float, send: Send,
-    guard: DisconnectGuard,
+    guard: DisconnectGuard, log_out: Outcome,
 ) -> _Reply:
     pre_s = time.perf_counter() - t0
     assert d.pool is not None
@@ -207,7 +231,7 @@ async def _generate(
         g.metrics.overhead_seconds.observe(pre_s)
         headers = [*SSE_HEADERS, *_headers(g, d, up.pool, pre_s, rid)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await _stream(g, up, d, out, send, guard)
+        await _stream(g, up, d, out, send, guard, log_out)
         return _STREAMED
 
     col = Collected(up.worker_s)
@@ -231,13 +255,17 @@ async def _generate(
     spec = spec_object(d, up.pool, col)
     overhead = max(0.0, time.perf_counter() - t0 - up.worker_s)
     g.metrics.overhead_seconds.observe(overhead)
-    _record(g, up, d, col, "200", rid)
+    _record(g, up, d, col, "200", rid, log_out)
     return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, d, up.pool, overhead, rid)],
                   out.json("".join(col.text), finish, col.usage(), spec))
 
 
-def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, rid: str) -> None:
+def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, rid: str, out: Outcome) -> None:
     g.metrics.requests_by(d.domain, up.pool, status).inc()
+    out.pool, out.reason, out.status = up.pool, served_reason(d, up.pool), int(status)
+    out.prompt_tokens, out.completion_tokens = col.prompt_tokens, col.completion_tokens or col.num_tokens
+    if col.stats is not None:
+        out.mal = spec_object(d, up.pool, col)["mean_accepted_length"]
     if g.settings.gateway_feedback and status == "200":
         g.feedback(feedback_record(d, up.pool, col, up.worker_s, rid))
 
@@ -248,7 +276,7 @@ def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
 
 
 async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: Send,
-                  guard: DisconnectGuard) -> None:
+                  guard: DisconnectGuard, log_out: Outcome) -> None:
     """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
     can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
     gateway is stopping), or nothing because the client itself went away."""
@@ -292,7 +320,7 @@ async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: 
         raise
     finally:
         up.close(ok)
-        _record(g, up, d, col, status, out.rid)
+        _record(g, up, d, col, status, out.rid, log_out)
 
 
 class ASGIEndpoint(Response):
