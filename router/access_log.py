@@ -24,17 +24,20 @@ from pathlib import Path
 
 import orjson
 
+from router.keys import ApiKey
+
 LOGGER = "specroute.access"
 
 
 class Outcome:
     """What the completion handler learned about one request (filled as it goes; all optional)."""
 
-    __slots__ = ("rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
+    __slots__ = ("api_key", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
                  "prompt_tokens", "completion_tokens", "mal")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
+        self.api_key: ApiKey | None = None
         self.rid = self.key = self.model = self.domain = self.pool = self.reason = None
         self.stream = False
         self.status = 0

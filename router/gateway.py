@@ -13,7 +13,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -22,8 +22,9 @@ from router.access_log import AccessLog
 from router.classification import Classification, Classifier, ClassifyFn
 from router.fallbacks import policy_fallback
 from router.gateway_feedback import GatewayFeedback
+from router.key_store import KeyManager
 from router.metrics import Metrics
-from router.policy import Decision, Policy, decide, default_policy, fallback_order
+from router.policy import Decision, Policy, PoolState, decide, default_policy, fallback_order
 from router.pools import PoolManager
 from router.readiness import Readiness, assess
 from router.settings import Settings
@@ -66,6 +67,8 @@ class Gateway:
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)
         self.dispatcher = Dispatcher(self.pools, self.metrics, settings.max_attempts)
+        self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
+                               settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
         self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
@@ -78,6 +81,7 @@ class Gateway:
         self._tasks += await self.classifier.start()
         await self.pools.start()
         self._tasks += await self.sync.start()
+        self._tasks += await self.keys.start()
         if self.store is not None and self.settings.gateway_feedback:
             self._feedback = GatewayFeedback(self.store, self.sync.redis_error)
             self._tasks.append(self._feedback.start())
@@ -86,13 +90,14 @@ class Gateway:
     async def close(self) -> None:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
-        self.sync.closing = self.classifier.closing = True
+        self.sync.closing = self.classifier.closing = self.keys.closing = True
         if self._feedback is not None:
             self._feedback.closing = True
         try:
             await stop_tasks(self._tasks)
             self._tasks.clear()
         finally:
+            await self.keys.close()
             await self.pools.close()
             if self.store is not None:
                 await self.store.close()
@@ -170,9 +175,12 @@ class Gateway:
     def classify(self, messages: list[dict[str, str]]) -> Classification:
         return self.classifier(messages)
 
-    def route(self, probs: Mapping[str, float], uncertainty: float) -> Decision:
+    def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = ()) -> Decision:
+        """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go."""
         snap = self.snapshot
         states = self.pools.states()
+        if allowed:
+            states = {p: st if p in allowed else PoolState(healthy=False) for p, st in states.items()}
         d = decide(probs, uncertainty, snap.stats, states, snap.policy, self.rng)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
@@ -182,9 +190,13 @@ class Gateway:
                 self.metrics.fallbacks_by(*labels).inc()
         return d
 
-    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float) -> Upstream:
-        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`)."""
+    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float,
+                   allowed: Sequence[str] = ()) -> Upstream:
+        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`);
+        `allowed` (an API key's pools, empty: all) limits the retries."""
         order = fallback_order(self.snapshot.policy, decision.pool)
+        if allowed:
+            order = [p for p in order if p in allowed]
         return await self.dispatcher.open(order, req, deadline)
 
     def feedback(self, rec: FeedbackRecord) -> None:

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from router.keys import KeyLimits, parse_limits
+
 
 def parse_pools(value: Any) -> dict[str, list[str]]:
     """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form."""
@@ -111,6 +113,8 @@ class Settings(BaseSettings):
     insecure_admin: bool = False
     api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     api_keys_file: Path | None = Field(default=None, description="file holding the client API key(s)")
+    api_key_limits: Annotated[dict[str, KeyLimits], NoDecode] = Field(
+        default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys.py)")
 
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
@@ -150,6 +154,11 @@ class Settings(BaseSettings):
     @classmethod
     def _keys(cls, v: Any) -> dict[str, str]:
         return parse_keys(v)
+
+    @field_validator("api_key_limits", mode="before")
+    @classmethod
+    def _limits(cls, v: Any) -> dict[str, KeyLimits]:
+        return parse_limits(v)
 
     @field_validator("model_aliases", mode="before")
     @classmethod

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from router.access_log import Outcome
-from router.api.common import check_authorization, parse_json
+from router.api.common import authenticate, parse_json
 from router.api.openai_wire import (
     SSE_HEADERS,
     Body,
@@ -87,9 +87,14 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     try:
         await _serve(g, kind, scope, receive, send, t0, out)
     finally:
+        if not out.status:
+            out.status = 499  # the client went away (or the task was torn down) before an answer
+        key = out.api_key
+        if key is not None:
+            g.metrics.key_requests_by(key.name, str(out.status)).inc()
+            if key.limits.tpm is not None:
+                g.keys.limiter.charge(key, out.prompt_tokens + out.completion_tokens)
         if g.access_log is not None:
-            if not out.status:
-                out.status = 499  # the client went away (or the task was torn down) before an answer
             g.access_log.write(out, time.perf_counter() - t0)
 
 
@@ -168,8 +173,15 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
         elif name == b"x-request-id":
             client_rid = value
     out.rid = rid = request_id(client_rid)
-    if s.api_keys:
-        out.key = check_authorization(authorization.decode("latin-1"), s.api_keys)
+    key = out.api_key = authenticate(g, authorization.decode("latin-1"))
+    if key is not None:
+        out.key = key.name
+        if key.limited:  # the one Redis round trip on the request path, only for keys with a limit
+            verdict = await g.keys.limiter.admit(key)
+            if not verdict.admitted:
+                raise APIError(429, f"Rate limit reached for key {key.name!r}: {verdict.limit} "
+                                    f"(retry in {verdict.retry_after_s} s).", code="rate_limit_exceeded",
+                               headers={"retry-after": str(verdict.retry_after_s)})
     body = _parse(kind, await read_body(receive, s.max_body_bytes, content_length))
     out.model, out.stream = body.model, bool(body.stream)
     body.check_supported()
@@ -180,8 +192,12 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
-    d = g.route(probs, unc)
+    allowed = key.limits.pools if key is not None else ()
+    d = g.route(probs, unc, allowed)
     out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
+    if key is not None and key.limits.domains and d.domain not in key.limits.domains:
+        raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
+                       code="domain_not_allowed")
     if d.pool is None:
         raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
                        headers=header_dict(_headers(g, d, None, time.perf_counter() - t0, rid)))
@@ -212,7 +228,8 @@ async def _generate(
     assert d.pool is not None
     rid = req.request_id
     try:
-        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s)
+        allowed = log_out.api_key.limits.pools if log_out.api_key is not None else ()
+        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
