@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -32,12 +33,14 @@ LOGGER = "specroute.access"
 class Outcome:
     """What the completion handler learned about one request (filled as it goes; all optional)."""
 
-    __slots__ = ("api_key", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
+    __slots__ = ("api_key", "span", "up_span", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
                  "prompt_tokens", "completion_tokens", "mal")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.api_key: ApiKey | None = None
+        self.span: Any = None  # the request's trace span (router/tracing.py), when tracing is on
+        self.up_span: Any = None
         self.rid = self.key = self.model = self.domain = self.pool = self.reason = None
         self.stream = False
         self.status = 0

@@ -31,6 +31,7 @@ from router.settings import Settings
 from router.snapshot import Snapshot, SnapshotSync
 from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
+from router.tracing import make_tracer
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
 from specroute.contracts.feedback import FeedbackRecord
@@ -71,6 +72,7 @@ class Gateway:
                                settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
+        self.tracer = make_tracer(settings.tracing, settings.otlp_endpoint)
         self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
                            if settings.access_log else None)
         self._tasks: list[asyncio.Task[None]] = []
@@ -191,13 +193,13 @@ class Gateway:
         return d
 
     async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float,
-                   allowed: Sequence[str] = ()) -> Upstream:
+                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
         """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`);
         `allowed` (an API key's pools, empty: all) limits the retries."""
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        return await self.dispatcher.open(order, req, deadline)
+        return await self.dispatcher.open(order, req, deadline, metadata)
 
     def feedback(self, rec: FeedbackRecord) -> None:
         if self._feedback is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -142,6 +142,9 @@ class Settings(BaseSettings):
     access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0,
                                      description="share of successful requests logged (errors always are)")
     access_log_file: Path | None = Field(default=None, description="access log file (default: stderr)")
+    # OpenTelemetry traces (router/tracing.py): off by default; `console` prints spans, `otlp` exports
+    tracing: Literal["off", "console", "otlp"] = "off"
+    otlp_endpoint: str | None = Field(default=None, description="OTLP gRPC endpoint (default: OTEL_* variables)")
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 

@@ -125,9 +125,11 @@ class Dispatcher:
         self.metrics = metrics
         self.max_attempts = max_attempts
 
-    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float) -> Upstream:
+    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float,
+                   metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
         """Start the worker call and wait for its first chunk, trying the pools of `order` (the
-        decision's pool first) and at most `max_attempts` endpoints in all."""
+        decision's pool first) and at most `max_attempts` endpoints in all (`metadata`: gRPC metadata
+        of every try, e.g. the trace context)."""
         tried: set[Endpoint] = set()
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
@@ -146,7 +148,7 @@ class Dispatcher:
                 attempts += 1
                 tried.add(ep)
                 req.pool = pool
-                call = ep.stub.Generate(req, timeout=remaining)
+                call = ep.stub.Generate(req, timeout=remaining, metadata=metadata)
                 trial = ep.acquire()
                 t = time.perf_counter()
                 try:

@@ -41,6 +41,14 @@ ABORT_CODES = {
 }
 
 
+def traceparent(context: grpc.aio.ServicerContext) -> str:
+    """The caller's W3C trace context (`traceparent` metadata, sent by a tracing gateway), or "-"."""
+    for k, v in context.invocation_metadata() or ():
+        if k == "traceparent":
+            return str(v)[:64]
+    return "-"
+
+
 class InvalidRequest(ValueError):
     pass
 
@@ -147,9 +155,10 @@ class EngineService(pb_grpc.EngineServicer):
                     first = False
                 if ev.finish_reason:
                     finished = True
-                    log.info("request %s finished (%s): %d prompt + %d completion tokens, domain %s",
+                    log.info("request %s finished (%s): %d prompt + %d completion tokens, domain %s, trace %s",
                              req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
-                             ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-")
+                             ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
+                             traceparent(context))
                     chunk.finish_reason = ev.finish_reason
                     chunk.prompt_tokens = len(req.prompt_ids)
                     if ev.stats is not None:

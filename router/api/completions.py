@@ -21,6 +21,7 @@ import time
 import grpc
 import orjson
 from fastapi.responses import Response
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -56,6 +57,7 @@ from router.gateway import Gateway
 from router.policy import Decision
 from router.request_id import request_id
 from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.tracing import child, client_context, end_request, grpc_metadata, request_span
 from router.upstream import Upstream, UpstreamError
 from specroute.contracts.limits import over_context, too_long_message
 from specroute.v1 import engine_pb2
@@ -84,6 +86,8 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     """
     t0 = time.perf_counter()
     out = Outcome(kind)
+    if g.tracer is not None:
+        out.span = request_span(g.tracer, f"POST {scope['path']}", client_context(scope["headers"]), time.time_ns())
     try:
         await _serve(g, kind, scope, receive, send, t0, out)
     finally:
@@ -96,6 +100,8 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
                 g.keys.limiter.charge(key, out.prompt_tokens + out.completion_tokens)
         if g.access_log is not None:
             g.access_log.write(out, time.perf_counter() - t0)
+        if out.span is not None:
+            end_request(out, g.snapshot.policy.version)
 
 
 async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
@@ -189,11 +195,17 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
         raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
     check_prompt_size(body, g.pools.largest_context())  # what fits no pool is not even classified
 
+    span = out.span
+    t_cls = time.time_ns() if span is not None else 0
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
     allowed = key.limits.pools if key is not None else ()
+    t_dec = time.time_ns() if span is not None else 0
     d = g.route(probs, unc, allowed)
+    if span is not None and g.tracer is not None:
+        child(g.tracer, span, "classify", t_cls, t_dec, specroute__domain=d.domain, specroute__uncertainty=unc)
+        child(g.tracer, span, "decide", t_dec, time.time_ns(), specroute__pool=d.pool, specroute__reason=d.reason)
     out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
     if key is not None and key.limits.domains and d.domain not in key.limits.domains:
         raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
@@ -229,7 +241,12 @@ async def _generate(
     rid = req.request_id
     try:
         allowed = log_out.api_key.limits.pools if log_out.api_key is not None else ()
-        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed)
+        metadata = None
+        if log_out.span is not None and g.tracer is not None:
+            log_out.up_span = child(g.tracer, log_out.span, "upstream", time.time_ns(), kind=SpanKind.CLIENT,
+                                    specroute__pool=d.pool)
+            metadata = grpc_metadata(log_out.up_span)
+        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed, metadata)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
