@@ -43,9 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--access-log-sample", type=float, metavar="SHARE",
                    help="share of successful requests in the access log, 0..1 (default 1; errors always)")
     p.add_argument("--access-log-file", help="access log file (default: stderr)")
-    p.add_argument("--tracing", choices=["off", "console", "otlp"],
-                   help="OpenTelemetry traces per request (default off; $SPECROUTE_TRACING)")
-    p.add_argument("--otlp-endpoint", help="OTLP gRPC endpoint for --tracing otlp")
+    p.add_argument("--tracing", action="store_true", default=None,
+                   help="OpenTelemetry traces per request, context passed to the workers ($SPECROUTE_TRACING)")
+    p.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
+                   help="where spans go (default none; otlp needs opentelemetry-exporter-otlp)")
+    p.add_argument("--otlp-endpoint", help="OTLP gRPC endpoint for --trace-exporter otlp")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -56,7 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "redis_url", "insecure_admin", "model_name", "request_timeout_s",
                 "gateway_feedback", "log_level", "admin_token_file", "api_key_file", "drain_timeout_s",
-                "access_log", "access_log_sample", "access_log_file", "tracing", "otlp_endpoint"):
+                "access_log", "access_log_sample", "access_log_file", "tracing", "trace_exporter", "otlp_endpoint"):
         val = getattr(args, key)
         if val is not None:
             overrides[key] = val

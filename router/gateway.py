@@ -72,7 +72,7 @@ class Gateway:
                                settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
-        self.tracer = make_tracer(settings.tracing, settings.otlp_endpoint)
+        self.tracer = make_tracer(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
         self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
                            if settings.access_log else None)
         self._tasks: list[asyncio.Task[None]] = []

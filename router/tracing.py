@@ -5,10 +5,12 @@ reason, policy version, key, status, tokens) with child spans `classify`, `decid
 the `upstream` span's context goes to the worker as W3C `traceparent` gRPC metadata (the worker logs
 it). A client's own `traceparent` header makes the request part of the client's trace.
 
-Cheap when off: `make_tracer` returns None and the request path only tests for it. When on, spans
-are built with explicit timestamps, not as the current span (no context switches on the hot path),
-and exported in batches: `console` (stdout) or `otlp` (needs `opentelemetry-exporter-otlp`, not a
-dependency; endpoint from `otlp_endpoint` or the usual `OTEL_EXPORTER_OTLP_*` variables).
+Cheap when off (`tracing` false, the default): `make_tracer` returns None and the request path only
+tests for it. When on, spans are built with explicit timestamps, not as the current span (no
+context switches on the hot path); they are exported (`trace_exporter`) not at all (`none`, the
+default: the trace context still reaches the workers), in batches to stdout (`console`), or over
+OTLP (`otlp`: needs `opentelemetry-exporter-otlp`, not a dependency; endpoint from `otlp_endpoint`
+or the usual `OTEL_EXPORTER_OTLP_*` variables).
 """
 
 from __future__ import annotations
@@ -23,27 +25,30 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-MODES = ("off", "console", "otlp")
+EXPORTERS = ("none", "console", "otlp")
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def make_tracer(mode: str, otlp_endpoint: str | None = None, exporter: SpanExporter | None = None) -> Tracer | None:
-    """The gateway's tracer (its own provider, not the global one), or None when tracing is off."""
+def make_tracer(enabled: bool, export: str = "none", otlp_endpoint: str | None = None,
+                exporter: SpanExporter | None = None) -> Tracer | None:
+    """The gateway's tracer (its own provider, not the global one), or None when tracing is off;
+    `exporter` (tests) replaces the one `export` names."""
+    if not enabled:
+        return None
     if exporter is None:
-        if mode == "off":
-            return None
-        if mode == "console":
+        if export == "console":
             exporter = ConsoleSpanExporter()
-        elif mode == "otlp":
+        elif export == "otlp":
             try:
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             except ImportError as exc:
                 raise RuntimeError("tracing=otlp needs `pip install opentelemetry-exporter-otlp`") from exc
             exporter = OTLPSpanExporter(endpoint=otlp_endpoint) if otlp_endpoint else OTLPSpanExporter()
-        else:
-            raise ValueError(f"tracing must be one of {MODES}, got {mode!r}")
+        elif export != "none":
+            raise ValueError(f"trace_exporter must be one of {EXPORTERS}, got {export!r}")
     provider = TracerProvider(resource=Resource.create({"service.name": "specroute-gateway"}))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider.get_tracer("specroute.gateway")
 
 

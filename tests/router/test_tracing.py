@@ -34,7 +34,7 @@ async def test_one_trace_per_request_propagated_to_the_worker() -> None:
         assert g.tracer is None  # off by default: no spans, no metadata
         assert (await c.post("/v1/chat/completions", json=CODE)).status_code == 200
         assert "traceparent" not in es[1].servicer.metadata[-1]
-        g.tracer = make_tracer("console", exporter=mem)
+        g.tracer = make_tracer(True, exporter=mem)
         r = await c.post("/v1/chat/completions", json={**CODE, "stream": True}, headers={"x-request-id": "t-1"})
         assert r.status_code == 200
         _flush(g)
@@ -65,5 +65,7 @@ async def test_one_trace_per_request_propagated_to_the_worker() -> None:
 
 
 def test_tracing_settings() -> None:
-    s = settings_from_args(build_parser().parse_args(["--pool", "a=h:1", "--tracing", "console"]))
-    assert s.tracing == "console" and make_tracer("off") is None and make_tracer(s.tracing) is not None
+    s = settings_from_args(build_parser().parse_args(["--pool", "a=h:1", "--tracing", "--trace-exporter", "console"]))
+    assert s.tracing and s.trace_exporter == "console"
+    assert make_tracer(False) is None and make_tracer(True, s.trace_exporter) is not None
+    assert make_tracer(True) is not None  # on without an exporter: spans and propagation only
