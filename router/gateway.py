@@ -31,6 +31,7 @@ from router.settings import Settings
 from router.snapshot import Snapshot, SnapshotSync
 from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
+from router.timeseries import SeriesSampler
 from router.tracing import make_tracer
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
@@ -72,6 +73,8 @@ class Gateway:
                                settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
+        self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
+                                    self._mal_cells, self.sync.redis_error)
         self.tracer = make_tracer(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
         self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
                            if settings.access_log else None)
@@ -84,6 +87,7 @@ class Gateway:
         await self.pools.start()
         self._tasks += await self.sync.start()
         self._tasks += await self.keys.start()
+        self._tasks += self.series.start()
         if self.store is not None and self.settings.gateway_feedback:
             self._feedback = GatewayFeedback(self.store, self.sync.redis_error)
             self._tasks.append(self._feedback.start())
@@ -92,7 +96,7 @@ class Gateway:
     async def close(self) -> None:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
-        self.sync.closing = self.classifier.closing = self.keys.closing = True
+        self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
         if self._feedback is not None:
             self._feedback.closing = True
         try:
@@ -214,6 +218,10 @@ class Gateway:
         models = self.served_models()
         real = [m for m in models if m not in self.settings.model_aliases]
         return name in models or not real  # nothing known yet: let routing decide (503 if no worker)
+
+    def _mal_cells(self) -> dict[tuple[str, str], float]:
+        cells = {cell: s.mean_accepted_length for cell, s in self.snapshot.stats.items()}
+        return {cell: v for cell, v in cells.items() if v is not None}
 
     def stats_view(self) -> dict[str, Any]:
         return stats_view(self.snapshot, self.decisions, self.redis_ok, time.time())

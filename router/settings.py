@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     tracing: bool = False
     trace_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str | None = Field(default=None, description="OTLP gRPC endpoint (default: OTEL_* variables)")
+    # the dashboard's charts (router/timeseries.py): one sample per gateway per interval, in Redis
+    timeseries_interval_s: float = Field(default=5.0, gt=0)
+    timeseries_retention_s: float = Field(default=3600.0, gt=0)
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 

@@ -98,8 +98,10 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
             g.metrics.key_requests_by(key.name, str(out.status)).inc()
             if key.limits.tpm is not None:
                 g.keys.limiter.charge(key, out.prompt_tokens + out.completion_tokens)
+        latency = time.perf_counter() - t0
+        g.series.observe(out.domain, out.pool, out.status, out.completion_tokens, latency)
         if g.access_log is not None:
-            g.access_log.write(out, time.perf_counter() - t0)
+            g.access_log.write(out, latency)
         if out.span is not None:
             end_request(out, g.snapshot.policy.version)
 
