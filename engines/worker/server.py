@@ -155,7 +155,9 @@ class EngineService(pb_grpc.EngineServicer):
                     first = False
                 if ev.finish_reason:
                     finished = True
-                    log.info("request %s finished (%s): %d prompt + %d completion tokens, domain %s, trace %s",
+                    # one line per request at debug level (SPECROUTE_LOG_LEVEL=debug): a busy worker's log
+                    # stays quiet by default; failed requests are logged with their id at warning level
+                    log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, trace %s",
                              req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
                              ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
                              traceparent(context))

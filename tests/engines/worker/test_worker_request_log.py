@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_worker_logs_the_request_id(start_worker) -> None:  # type: ignore[no-untyped-def]
-    w = start_worker("--engine", "null", "--max-running", "2")
+    w = start_worker("--engine", "null", "--max-running", "2", env={"SPECROUTE_LOG_LEVEL": "DEBUG"})
     req = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="hi")], max_tokens=3,
                              request_id="client-req-7", domain="chat")
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
