@@ -49,6 +49,10 @@ class KeyManager:
         self.limiter = RateLimiter(store, metrics)
         self.closing = False
         self._rebuild()
+        limited = sorted(k.name for k in self.ring.keys.values() if k.limited)
+        if limited and store is None:
+            log.warning("keys %s have rate limits but there is no Redis (SPECROUTE_REDIS_URL): not enforced",
+                        ", ".join(limited))
 
     def _rebuild(self) -> None:
         self.ring = build_ring(self.static_secrets, self.static_limits, self.stored)
