@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
 
-from router.api import admin, health, openai
+from router.api import admin, health, keys_admin, openai, series
 from router.api.completions import serve
 from router.classification import ClassifyFn
 from router.errors import install_handlers
@@ -77,6 +77,8 @@ def create_app(
     if settings.admin_enabled:
         app.include_router(admin.router)
         app.state.failed_logins = admin.FailedLogins()
+        app.include_router(keys_admin.router)
+        app.include_router(series.router)
 
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:

@@ -40,6 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write acceptance feedback from the gateway (for workers that do not)")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
                    help="on SIGTERM, seconds in-flight requests may take to finish (default 10)")
+    p.add_argument("--access-log", action="store_true", default=None,
+                   help="write one JSON line per completion request ($SPECROUTE_ACCESS_LOG)")
+    p.add_argument("--access-log-sample", type=float, metavar="SHARE",
+                   help="share of successful requests in the access log, 0..1 (default 1; errors always)")
+    p.add_argument("--access-log-file", help="access log file (default: stderr)")
+    p.add_argument("--tracing", action="store_true", default=None,
+                   help="OpenTelemetry traces per request, context passed to the workers ($SPECROUTE_TRACING)")
+    p.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
+                   help="where spans go (default none; otlp needs opentelemetry-exporter-otlp)")
+    p.add_argument("--otlp-endpoint", help="OTLP gRPC endpoint for --trace-exporter otlp")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -49,7 +59,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "redis_url", "insecure_admin", "model_name", "request_timeout_s",
-                "gateway_feedback", "log_level", "admin_token_file", "api_key_file", "drain_timeout_s"):
+                "gateway_feedback", "log_level", "admin_token_file", "api_key_file", "drain_timeout_s",
+                "access_log", "access_log_sample", "access_log_file", "tracing", "trace_exporter", "otlp_endpoint"):
         val = getattr(args, key)
         if val is not None:
             overrides[key] = val

@@ -13,21 +13,26 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from router.access_log import AccessLog
 from router.classification import Classification, Classifier, ClassifyFn
+from router.fallbacks import policy_fallback
 from router.gateway_feedback import GatewayFeedback
+from router.key_store import KeyManager
 from router.metrics import Metrics
-from router.policy import Decision, Policy, decide, default_policy, fallback_order
+from router.policy import Decision, Policy, PoolState, decide, default_policy, fallback_order
 from router.pools import PoolManager
 from router.readiness import Readiness, assess
 from router.settings import Settings
 from router.snapshot import Snapshot, SnapshotSync
 from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
+from router.timeseries import SeriesSampler
+from router.tracing import make_tracer
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
 from specroute.contracts.feedback import FeedbackRecord
@@ -56,6 +61,7 @@ class Gateway:
             health_timeout_s=settings.health_timeout_s,
             breaker_failures=settings.breaker_failures,
             breaker_cooldown_s=settings.breaker_cooldown_s,
+            info_interval_s=settings.info_interval_s,
             rng=self.rng,
             dns_refresh_s=settings.dns_refresh_s,
         )
@@ -64,8 +70,15 @@ class Gateway:
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)
         self.dispatcher = Dispatcher(self.pools, self.metrics, settings.max_attempts)
+        self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
+                               settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: GatewayFeedback | None = None
+        self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
+                                    self._mal_cells, self.sync.redis_error)
+        self.tracer = make_tracer(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
+        self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
+                           if settings.access_log else None)
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = time.time()
 
@@ -74,6 +87,8 @@ class Gateway:
         self._tasks += await self.classifier.start()
         await self.pools.start()
         self._tasks += await self.sync.start()
+        self._tasks += await self.keys.start()
+        self._tasks += self.series.start()
         if self.store is not None and self.settings.gateway_feedback:
             self._feedback = GatewayFeedback(self.store, self.sync.redis_error)
             self._tasks.append(self._feedback.start())
@@ -82,16 +97,19 @@ class Gateway:
     async def close(self) -> None:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
-        self.sync.closing = self.classifier.closing = True
+        self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
         if self._feedback is not None:
             self._feedback.closing = True
         try:
             await stop_tasks(self._tasks)
             self._tasks.clear()
         finally:
+            await self.keys.close()
             await self.pools.close()
             if self.store is not None:
                 await self.store.close()
+            if self.access_log is not None:
+                self.access_log.close()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -159,17 +177,29 @@ class Gateway:
     def classify(self, messages: list[dict[str, str]]) -> Classification:
         return self.classifier(messages)
 
-    def route(self, probs: Mapping[str, float], uncertainty: float) -> Decision:
+    def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = ()) -> Decision:
+        """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go."""
         snap = self.snapshot
-        d = decide(probs, uncertainty, snap.stats, self.pools.states(), snap.policy, self.rng)
+        states = self.pools.states()
+        if allowed:
+            states = {p: st if p in allowed else PoolState(healthy=False) for p, st in states.items()}
+        d = decide(probs, uncertainty, snap.stats, states, snap.policy, self.rng)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
+        if d.reason == "fallback" or d.pool is None:  # a pool is down or drained: count it as a fallback
+            labels = policy_fallback(d, snap.policy, states, uncertainty)
+            if labels is not None:
+                self.metrics.fallbacks_by(*labels).inc()
         return d
 
-    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float) -> Upstream:
-        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`)."""
+    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float,
+                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
+        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`);
+        `allowed` (an API key's pools, empty: all) limits the retries."""
         order = fallback_order(self.snapshot.policy, decision.pool)
-        return await self.dispatcher.open(order, req, deadline)
+        if allowed:
+            order = [p for p in order if p in allowed]
+        return await self.dispatcher.open(order, req, deadline, metadata)
 
     def feedback(self, rec: FeedbackRecord) -> None:
         if self._feedback is not None:
@@ -184,6 +214,10 @@ class Gateway:
         models = self.served_models()
         real = [m for m in models if m not in self.settings.model_aliases]
         return name in models or not real  # nothing known yet: let routing decide (503 if no worker)
+
+    def _mal_cells(self) -> dict[tuple[str, str], float]:
+        cells = {cell: s.mean_accepted_length for cell, s in self.snapshot.stats.items()}
+        return {cell: v for cell, v in cells.items() if v is not None}
 
     def stats_view(self) -> dict[str, Any]:
         return stats_view(self.snapshot, self.decisions, self.redis_ok, time.time())

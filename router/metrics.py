@@ -81,11 +81,26 @@ class Metrics:
             "specroute_snapshot_age_seconds", "Age of the statistics snapshot", registry=r
         )
 
+        # named API keys (router/keys.py): key names are operator-defined and bounded (router.keys.MAX_KEYS)
+        self.key_requests = Counter(
+            "specroute_key_requests_total", "Finished completion requests per API key", ["key", "status"], registry=r
+        )
+        self.rate_limited = Counter(
+            "specroute_rate_limited_total", "Requests refused by a key's rate limit", ["key", "limit"], registry=r
+        )
+        self.rate_limit_fail_open = Counter(
+            "specroute_rate_limit_fail_open_total", "Requests admitted unchecked because Redis was unavailable",
+            registry=r,
+        )
+
         # memoised children of the labelled metrics the request path touches
         self.requests_by = Children(self.requests)
         self.route_decisions_by = Children(self.route_decisions)
         self.ttft_by = Children(self.ttft_seconds)
         self.itl_by = Children(self.itl_seconds)
+        self.fallbacks_by = Children(self.fallbacks)
+        self.key_requests_by = Children(self.key_requests)
+        self.rate_limited_by = Children(self.rate_limited)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

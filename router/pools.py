@@ -1,10 +1,16 @@
 """Worker pools: gRPC clients (grpc.aio), health checks, `Load` polling, least-loaded choice and a
 circuit breaker per endpoint.
 
-An endpoint can take requests when its last health check passed and its breaker is closed (or its
-cooldown has run out: half-open, the next failure re-opens it at once). A connection-level failure
-on a request marks the endpoint unhealthy immediately, so the following requests go elsewhere
-without waiting for the next health check.
+An endpoint can take requests when its last health check passed and its breaker is closed. An open
+breaker refuses everything until its cooldown has run out; it is then half-open: exactly one trial
+request may go through (`acquire` marks it), and its outcome closes the breaker (success) or opens it
+again for another cooldown (failure). A connection-level failure on a request marks the endpoint
+unhealthy immediately, so the following requests go elsewhere without waiting for the next health
+check.
+
+A worker's `Info` (model id, engine, limits) is fetched when the endpoint is first seen, again each
+time it comes back after a failed health check (a restarted worker may serve another model or
+engine), and every `info_interval_s` in any case.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ CHANNEL_OPTIONS = [
 
 
 class Endpoint:
-    def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float) -> None:
+    def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float,
+                 info_interval_s: float = 10.0) -> None:
         self.pool = pool
         self.address = address
         # channels bind to the running event loop: created in `connect()` (from PoolManager.start)
@@ -52,6 +59,9 @@ class Endpoint:
         self.open_until = 0.0
         self.breaker_failures = breaker_failures
         self.breaker_cooldown_s = breaker_cooldown_s
+        self.trial = False  # the half-open breaker's one trial request is in flight
+        self.info_interval_s = info_interval_s
+        self.info_at = 0.0  # monotonic time of the last `Info`
         self.last_error = ""
         self.last_check = 0.0
 
@@ -68,7 +78,13 @@ class Endpoint:
 
     # -- circuit breaker -------------------------------------------------------------------
     def available(self, now: float) -> bool:
-        return self.healthy and now >= self.open_until
+        """Whether a new request may go here: healthy, and the breaker closed, or half-open with its
+        trial request not yet taken."""
+        if not self.healthy:
+            return False
+        if self.failures < self.breaker_failures:
+            return True
+        return now >= self.open_until and not self.trial
 
     @property
     def breaker_state(self) -> str:
@@ -76,9 +92,25 @@ class Endpoint:
             return "closed"
         return "open" if time.monotonic() < self.open_until else "half_open"
 
+    def acquire(self) -> bool:
+        """A request starts here; returns whether it is the half-open breaker's trial request (which
+        keeps every other request away until `release`, `record_success` or `record_failure`)."""
+        self.inflight += 1
+        if self.failures >= self.breaker_failures:
+            self.trial = True
+            return True
+        return False
+
+    def release(self, trial: bool) -> None:
+        """The request started by `acquire` is over (its outcome recorded, or none: e.g. cancelled)."""
+        self.inflight -= 1
+        if trial:
+            self.trial = False
+
     def record_success(self) -> None:
         self.failures = 0
         self.open_until = 0.0
+        self.trial = False
 
     def record_failure(self, error: str, *, connection: bool = False) -> None:
         self.failures += 1
@@ -87,6 +119,7 @@ class Endpoint:
             self.healthy = False
         if self.failures >= self.breaker_failures:
             self.open_until = time.monotonic() + self.breaker_cooldown_s
+            self.trial = False
 
     # -- load --------------------------------------------------------------------------------
     def score(self) -> float:
@@ -97,13 +130,19 @@ class Endpoint:
         return max(self.inflight, remote) / max(cap, 1)
 
     async def check(self, timeout: float) -> None:
-        """One health check: grpc.health.v1 Check, then Load (and Info until known)."""
+        """One health check: grpc.health.v1 Check, then Info (when not known, when the endpoint comes
+        back after a failure, or when `info_interval_s` has passed), then Load."""
         try:
             resp = await self.health_stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
             if resp.status != health_pb2.HealthCheckResponse.SERVING:
                 raise RuntimeError(f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}")
-            if self.info is None:
-                self.info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout)
+            now = time.monotonic()
+            if self.info is None or not self.healthy or now - self.info_at >= self.info_interval_s:
+                info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout)
+                if self.info is not None and (info.model_id, info.engine) != (self.info.model_id, self.info.engine):
+                    log.info("endpoint %s/%s now serves %s (%s), was %s (%s)", self.pool, self.address,
+                             info.model_id, info.engine, self.info.model_id, self.info.engine)
+                self.info, self.info_at = info, now
             self.load = await self.stub.Load(engine_pb2.LoadRequest(), timeout=timeout)
             if not self.healthy:
                 log.info("endpoint %s/%s is healthy", self.pool, self.address)
@@ -148,16 +187,18 @@ class PoolManager:
         health_timeout_s: float = 1.0,
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 5.0,
+        info_interval_s: float = 10.0,
         rng: random.Random | None = None,
         resolver: Resolver | None = None,
         dns_refresh_s: float = 5.0,
     ) -> None:
         # `dns:///HOST:PORT` members: one endpoint per resolved address, kept current (router/discovery.py)
-        static, self.discovery = DnsDiscovery.split(
-            pools, lambda pool, a: Endpoint(pool, a, breaker_failures, breaker_cooldown_s), resolver, dns_refresh_s)
+        def endpoint(pool: str, address: str) -> Endpoint:
+            return Endpoint(pool, address, breaker_failures, breaker_cooldown_s, info_interval_s)
+
+        static, self.discovery = DnsDiscovery.split(pools, endpoint, resolver, dns_refresh_s)
         self.pools: dict[str, list[Endpoint]] = {
-            name: [Endpoint(name, a, breaker_failures, breaker_cooldown_s) for a in addrs]
-            for name, addrs in static.items()
+            name: [endpoint(name, a) for a in addrs] for name, addrs in static.items()
         }
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s

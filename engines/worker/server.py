@@ -43,6 +43,14 @@ ABORT_CODES = {
 }
 
 
+def traceparent(context: grpc.aio.ServicerContext) -> str:
+    """The caller's W3C trace context (`traceparent` metadata, sent by a tracing gateway), or "-"."""
+    for k, v in context.invocation_metadata() or ():
+        if k == "traceparent":
+            return str(v)[:64]
+    return "-"
+
+
 class InvalidRequest(ValueError):
     pass
 
@@ -142,6 +150,7 @@ class EngineService(pb_grpc.EngineServicer):
                     msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
                                        "shutdown": "worker shut down before the request finished"}.get(
                                            ev.finish_reason, "engine error")
+                    log.warning("request %s ended: %s", req.request_id or "-", msg)
                     await context.abort(ABORT_CODES[ev.finish_reason], msg)
                 if coalesce and not first:
                     held_text.append(ev.text)
@@ -156,6 +165,12 @@ class EngineService(pb_grpc.EngineServicer):
                     first = False
                 if ev.finish_reason:
                     finished = True
+                    # one line per request at debug level (SPECROUTE_LOG_LEVEL=debug): a busy worker's log
+                    # stays quiet by default; failed requests are logged with their id at warning level
+                    log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, trace %s",
+                             req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
+                             ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
+                             traceparent(context))
                     chunk.finish_reason = ev.finish_reason
                     chunk.prompt_tokens = len(req.prompt_ids)
                     if ev.stats is not None:

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 from router.asgi import ClientDisconnected, read_body
 from router.errors import APIError
 from router.gateway import Gateway
+from router.keys import ApiKey
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -36,14 +37,20 @@ def matching_key(header: str, keys: dict[str, str]) -> str | None:
     return next((name for name, secret in keys.items() if hmac.compare_digest(token, secret)), None)
 
 
-def check_authorization(header: str, keys: dict[str, str]) -> None:
-    """`header` (the Authorization value) must carry one of `keys` as a bearer token (if any are set)."""
-    if keys and matching_key(header, keys) is None:
+def authenticate(g: Gateway, header: str) -> ApiKey | None:
+    """The client's API key (router/keys.py) from its `Authorization` header; None when the gateway
+    needs no key; a 401 `APIError` for a missing, wrong or disabled one."""
+    ring = g.keys.ring
+    if not ring.active:
+        return None
+    key = ring.lookup(bearer_token(header))
+    if key is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return key
 
 
-def check_api_key(request: Request, keys: dict[str, str]) -> None:
-    check_authorization(request.headers.get("authorization", ""), keys)
+def check_api_key(request: Request) -> ApiKey | None:
+    return authenticate(gateway_of(request), request.headers.get("authorization", ""))
 
 
 def parse_json(body: bytes) -> dict[str, Any]:

@@ -7,22 +7,26 @@ on their paths, without the framework's routing, middleware stack, request and r
 (router/api/openai.py) run the same handler through `ASGIEndpoint`. What goes over the wire is built
 by the pure functions of router/api/openai_wire.py; a non-streaming request asks the worker to
 `coalesce` its chunks.
+
+Per-request hooks live here, not in middleware (which these paths skip): `serve` fills an `Outcome`
+as the request goes and writes the access log line (router/access_log.py) once the response is out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 import grpc
 import orjson
 from fastapi.responses import Response
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from router.api.common import check_authorization, parse_json
+from router.access_log import Outcome
+from router.api.common import authenticate, parse_json
 from router.api.openai_wire import (
     SSE_HEADERS,
     Body,
@@ -34,6 +38,7 @@ from router.api.openai_wire import (
     feedback_record,
     finish_reason,
     generate_request,
+    served_reason,
     spec_object,
     sse,
 )
@@ -50,7 +55,9 @@ from router.asgi import (
 from router.errors import APIError, from_grpc, from_upstream, validation_error
 from router.gateway import Gateway
 from router.policy import Decision
+from router.request_id import request_id
 from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.tracing import child, client_context, end_request, grpc_metadata, request_span
 from router.upstream import Upstream, UpstreamError
 from specroute.contracts.limits import over_context, too_long_message
 from specroute.v1 import engine_pb2
@@ -78,10 +85,36 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     OpenAI error with its status, or nothing when the client went away (its worker call cancelled).
     """
     t0 = time.perf_counter()
+    out = Outcome(kind)
+    if g.tracer is not None:
+        out.span = request_span(g.tracer, f"POST {scope['path']}", client_context(scope["headers"]), time.time_ns())
     try:
-        reply = await _complete(g, kind, scope, receive, send, t0)
+        await _serve(g, kind, scope, receive, send, t0, out)
+    finally:
+        if not out.status:
+            out.status = 499  # the client went away (or the task was torn down) before an answer
+        key = out.api_key
+        if key is not None:
+            g.metrics.key_requests_by(key.name, str(out.status)).inc()
+            if key.limits.tpm is not None:
+                g.keys.limiter.charge(key, out.prompt_tokens + out.completion_tokens)
+        latency = time.perf_counter() - t0
+        g.series.observe(out.domain, out.pool, out.status, out.completion_tokens, latency)
+        if g.access_log is not None:
+            g.access_log.write(out, latency)
+        if out.span is not None:
+            end_request(out, g.snapshot.policy.version)
+
+
+async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
+                 out: Outcome) -> None:
+    try:
+        reply = await _complete(g, kind, scope, receive, send, t0, out)
     except APIError as exc:
-        reply = _Reply(exc.status, [JSON_CONTENT_TYPE, *raw_headers(exc.headers)], orjson.dumps(exc.body()))
+        headers = [JSON_CONTENT_TYPE, *raw_headers(exc.headers)]
+        if out.rid is not None and "x-request-id" not in exc.headers:
+            headers.append((b"x-request-id", out.rid.encode("latin-1")))
+        reply = _Reply(exc.status, headers, orjson.dumps(exc.body()))
     except ClientDisconnected:
         return
     except asyncio.CancelledError:
@@ -99,6 +132,7 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     if reply is _STREAMED:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return
+    out.status = reply.status
     await send_response(send, reply.status, reply.headers, reply.body)
 
 
@@ -133,28 +167,51 @@ def _headers(g: Gateway, d: Decision, pool: str | None, overhead_s: float, rid: 
     return decision_headers(d, pool, g.snapshot.policy.version, overhead_s, rid)
 
 
-async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float) -> _Reply | None:
+async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
+                    out: Outcome) -> _Reply | None:
     s = g.settings
     authorization = b""
     content_length: bytes | None = None
+    client_rid: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             content_length = value
         elif name == b"authorization":
             authorization = value
-    if s.api_keys:
-        check_authorization(authorization.decode("latin-1"), s.api_keys)
+        elif name == b"x-request-id":
+            client_rid = value
+    out.rid = rid = request_id(client_rid)
+    key = out.api_key = authenticate(g, authorization.decode("latin-1"))
+    if key is not None:
+        out.key = key.name
+        if key.limited:  # the one Redis round trip on the request path, only for keys with a limit
+            verdict = await g.keys.limiter.admit(key)
+            if not verdict.admitted:
+                raise APIError(429, f"Rate limit reached for key {key.name!r}: {verdict.limit} "
+                                    f"(retry in {verdict.retry_after_s} s).", code="rate_limit_exceeded",
+                               headers={"retry-after": str(verdict.retry_after_s)})
     body = _parse(kind, await read_body(receive, s.max_body_bytes, content_length))
+    out.model, out.stream = body.model, bool(body.stream)
     body.check_supported()
     if not g.model_known(body.model):
         raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
     check_prompt_size(body, g.pools.largest_context())  # what fits no pool is not even classified
 
+    span = out.span
+    t_cls = time.time_ns() if span is not None else 0
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
-    d = g.route(probs, unc)
-    rid = os.urandom(12).hex()
+    allowed = key.limits.pools if key is not None else ()
+    t_dec = time.time_ns() if span is not None else 0
+    d = g.route(probs, unc, allowed)
+    if span is not None and g.tracer is not None:
+        child(g.tracer, span, "classify", t_cls, t_dec, specroute__domain=d.domain, specroute__uncertainty=unc)
+        child(g.tracer, span, "decide", t_dec, time.time_ns(), specroute__pool=d.pool, specroute__reason=d.reason)
+    out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
+    if key is not None and key.limits.domains and d.domain not in key.limits.domains:
+        raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
+                       code="domain_not_allowed")
     if d.pool is None:
         raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
                        headers=header_dict(_headers(g, d, None, time.perf_counter() - t0, rid)))
@@ -168,7 +225,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     req = generate_request(body, rid, d.domain)
     guard = DisconnectGuard(receive)
     try:
-        return await _generate(g, kind, body, d, req, t0, send, guard)
+        return await _generate(g, kind, body, d, req, t0, send, guard, out)
     except asyncio.CancelledError:
         if guard.caused_cancel():
             return None
@@ -179,13 +236,19 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
 
 async def _generate(
     g: Gateway, kind: Kind, body: Body, d: Decision, req: engine_pb2.GenerateRequest, t0: float, send: Send,
-    guard: DisconnectGuard,
+    guard: DisconnectGuard, log_out: Outcome,
 ) -> _Reply:
     pre_s = time.perf_counter() - t0
     assert d.pool is not None
     rid = req.request_id
     try:
-        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s)
+        allowed = log_out.api_key.limits.pools if log_out.api_key is not None else ()
+        metadata = None
+        if log_out.span is not None and g.tracer is not None:
+            log_out.up_span = child(g.tracer, log_out.span, "upstream", time.time_ns(), kind=SpanKind.CLIENT,
+                                    specroute__pool=d.pool)
+            metadata = grpc_metadata(log_out.up_span)
+        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed, metadata)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
@@ -204,7 +267,7 @@ async def _generate(
         g.metrics.overhead_seconds.observe(pre_s)
         headers = [*SSE_HEADERS, *_headers(g, d, up.pool, pre_s, rid)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await _stream(g, up, d, out, send, guard)
+        await _stream(g, up, d, out, send, guard, log_out)
         return _STREAMED
 
     col = Collected(up.worker_s)
@@ -228,15 +291,19 @@ async def _generate(
     spec = spec_object(d, up.pool, col)
     overhead = max(0.0, time.perf_counter() - t0 - up.worker_s)
     g.metrics.overhead_seconds.observe(overhead)
-    _record(g, up, d, col, "200")
+    _record(g, up, d, col, "200", rid, log_out)
     return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, d, up.pool, overhead, rid)],
                   out.json("".join(col.text), finish, col.usage(), spec))
 
 
-def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str) -> None:
+def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, rid: str, out: Outcome) -> None:
     g.metrics.requests_by(d.domain, up.pool, status).inc()
+    out.pool, out.reason, out.status = up.pool, served_reason(d, up.pool), int(status)
+    out.prompt_tokens, out.completion_tokens = col.prompt_tokens, col.completion_tokens or col.num_tokens
+    if col.stats is not None:
+        out.mal = spec_object(d, up.pool, col)["mean_accepted_length"]
     if g.settings.gateway_feedback and status == "200":
-        g.feedback(feedback_record(d, up.pool, col, up.worker_s))
+        g.feedback(feedback_record(d, up.pool, col, up.worker_s, rid))
 
 
 def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
@@ -245,7 +312,7 @@ def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
 
 
 async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: Send,
-                  guard: DisconnectGuard) -> None:
+                  guard: DisconnectGuard, log_out: Outcome) -> None:
     """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
     can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
     gateway is stopping), or nothing because the client itself went away."""
@@ -289,7 +356,7 @@ async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: 
         raise
     finally:
         up.close(ok)
-        _record(g, up, d, col, status)
+        _record(g, up, d, col, status, out.rid, log_out)
 
 
 class ASGIEndpoint(Response):

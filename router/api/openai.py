@@ -75,7 +75,7 @@ def _model_card(model_id: str, created: int) -> dict[str, Any]:
 @router.get("/v1/models", responses={"401": _ERRORS["401"]})
 async def models(request: Request) -> Response:
     g = gateway_of(request)
-    check_api_key(request, g.settings.api_keys)
+    check_api_key(request)
     created = int(g.started_at)
     return json_response({"object": "list", "data": [_model_card(m, created) for m in g.served_models()]})
 
@@ -83,7 +83,7 @@ async def models(request: Request) -> Response:
 @router.get("/v1/models/{model_id:path}", responses={"404": _ERRORS["404"]})
 async def model(request: Request, model_id: str) -> Response:
     g = gateway_of(request)
-    check_api_key(request, g.settings.api_keys)
+    check_api_key(request)
     if model_id not in g.served_models():
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
     return json_response(_model_card(model_id, int(g.started_at)))

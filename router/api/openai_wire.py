@@ -132,12 +132,12 @@ def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
     }
 
 
-def feedback_record(d: Decision, pool: str, col: Collected, worker_s: float) -> FeedbackRecord:
+def feedback_record(d: Decision, pool: str, col: Collected, worker_s: float, request_id: str = "") -> FeedbackRecord:
     """The acceptance feedback of one served request, as the gateway saw it (`--gateway-feedback`)."""
     drafted, accepted, steps = col.counts()
     return FeedbackRecord(pool=pool, domain=d.domain, tokens=col.completion_tokens or col.num_tokens,
                           drafted=drafted, accepted=accepted, steps=steps, wall_ms=worker_s * 1000.0,
-                          ttft_ms=col.ttft_s * 1000.0, engine="gateway")
+                          ttft_ms=col.ttft_s * 1000.0, request_id=request_id, engine="gateway")
 
 
 # -- response ------------------------------------------------------------------------------------

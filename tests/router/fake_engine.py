@@ -48,6 +48,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, cfg: FakeConfig) -> None:
         self.cfg = cfg
         self.requests: list[engine_pb2.GenerateRequest] = []
+        self.metadata: list[dict[str, str]] = []  # each Generate call's gRPC metadata (trace context)
         self.running = 0
         self.cancelled = 0
         self.completed = 0
@@ -67,6 +68,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         c = self.cfg
         self.requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata() or ()))
         words = sum(len(m.content.split()) for m in request.messages) + len(request.prompt.split())
         if "TOO_LONG" in request.prompt or any("TOO_LONG" in m.content for m in request.messages) \
                 or words > c.max_context:
