@@ -169,16 +169,33 @@ async def test_policy_size_is_capped(redis_url: str) -> None:
         assert r.status_code == 400 and "longer than 64" in r.json()["error"]["message"]
 
 
-async def test_failed_admin_logins_are_recorded(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    async with engines(FakeConfig()) as es, running_app(settings_for({"mtp": [es[0].address]}, redis_url)) as c:
-        with caplog.at_level(logging.WARNING, logger="specroute.gateway.admin"):
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_failed_admin_logins_are_recorded(redis_url: str) -> None:
+    # a handler on the admin logger itself: what other tests did to the root logger cannot hide the lines
+    logger, records = logging.getLogger("specroute.gateway.admin"), _Records()
+    logger.addHandler(records)
+    level, logger.level = logger.level, logging.WARNING
+    try:
+        async with engines(FakeConfig()) as es, running_app(settings_for({"mtp": [es[0].address]}, redis_url)) as c:
             assert (await c.get("/admin/policy", headers={"authorization": "Bearer nope"})).status_code == 401
             assert (await c.get("/admin/pools")).status_code == 401
-        lines = [r.getMessage() for r in caplog.records if "admin login failed" in r.getMessage()]
-        assert len(lines) == 2 and "wrong token" in lines[0] and "no token" in lines[1]
-        assert "nope" not in " ".join(lines)
-        m = (await c.get("/metrics")).text
-        assert "specroute_admin_auth_failures_total 2.0" in m
+            m = (await c.get("/metrics")).text
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    assert not logger.disabled
+    lines = [r.getMessage() for r in records.records if "admin login failed" in r.getMessage()]
+    assert len(lines) == 2 and "wrong token" in lines[0] and "no token" in lines[1]
+    assert "nope" not in " ".join(lines)
+    assert "specroute_admin_auth_failures_total 2.0" in m
 
 
 async def test_unnamed_admin_token_is_audited_by_fingerprint(redis_url: str) -> None:
