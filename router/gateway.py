@@ -30,6 +30,7 @@ from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
+from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import FeedbackRecord
 from specroute.v1 import engine_pb2
 
@@ -163,9 +164,10 @@ class Gateway:
     def classify(self, messages: list[dict[str, str]]) -> Classification:
         return self.classifier(messages)
 
-    def route(self, probs: Mapping[str, float], uncertainty: float) -> Decision:
+    def route(self, probs: Mapping[str, float], uncertainty: float,
+              context: RequestContext | None = None) -> Decision:
         snap = self.snapshot
-        d = decide(probs, uncertainty, snap.stats, self.pools.states(), snap.policy, self.rng)
+        d = decide(probs, uncertainty, snap.cells, self.pools.states(), snap.policy, self.rng, context)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
         return d

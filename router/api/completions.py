@@ -30,6 +30,7 @@ from router.api.openai_wire import (
     Completion,
     Kind,
     classifier_input,
+    context_of,
     decision_headers,
     feedback_record,
     finish_reason,
@@ -153,7 +154,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
-    d = g.route(probs, unc)
+    d = g.route(probs, unc, context_of(body))
     rid = os.urandom(12).hex()
     if d.pool is None:
         raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
@@ -165,7 +166,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
                        param="max_tokens", code="context_length_exceeded")
     check_prompt_size(body, mc)
 
-    req = generate_request(body, rid, d.domain)
+    req = generate_request(body, rid, d.domain, d.context)
     guard = DisconnectGuard(receive)
     try:
         return await _generate(g, kind, body, d, req, t0, send, guard)
