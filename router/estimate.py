@@ -35,14 +35,24 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from specroute.contracts.feedback import CellStats
 
 # engine kinds (InfoResponse.engine) that never draft: their pools are plain autoregressive decoding
 NON_SPECULATIVE_ENGINES = frozenset({"ar"})
+# knobs added with the v2 statistics: left out of the stored document while at their defaults, so a
+# gateway that does not know them (the document forbids unknown fields) still reads a new one
+V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens")
 
 
 class Learning(BaseModel):
@@ -60,6 +70,14 @@ class Learning(BaseModel):
                                   description="requests of evidence a level borrows from the level above it")
     compute_bound_tokens: float = Field(default=256.0, gt=0.0, le=1e7,
                                         description="tokens per forward where a step turns compute-bound")
+
+    @model_serializer(mode="wrap")
+    def _omit_v2_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in V2_LEARNING_FIELDS:
+            if name in data and data[name] == type(self).model_fields[name].default:
+                del data[name]
+        return data
 
     @model_validator(mode="after")
     def _prior_positive(self) -> Learning:
@@ -90,9 +108,9 @@ class PoolState:
         return self.running / max(self.endpoints, 1)
 
 
-@dataclass(frozen=True, slots=True)
-class Shrunk:
-    """A pool's estimate for one request after back-off over its levels."""
+class Shrunk(NamedTuple):
+    """A pool's estimate for one request after back-off over its levels (a tuple: built per pool
+    per request)."""
 
     a: float  # Beta posterior of the acceptance rate
     b: float
@@ -101,51 +119,62 @@ class Shrunk:
     n: float  # the most requests a level below the top one holds (the top's when alone): `min_samples` gates it
 
 
-def _blend(x: float | None, w: float, raw: float, n: float, cap: float) -> tuple[float, float]:
-    if x is None:
-        return raw, n
-    w = min(w, cap)
-    return (w * x + n * raw) / (w + n), w + n
-
-
 def shrink(cells: Sequence[CellStats | None], learning: Learning) -> Shrunk | None:
     """Back-off over `cells`, most general first (None or empty levels are skipped); None without
-    any observed step time."""
+    any observed step time. (On the request path: plain arithmetic, no property calls.)"""
     a, b = learning.prior_acceptance
     epr = learning.evidence_per_request
     cap_ab, cap_n = learning.backoff_weight * epr, learning.backoff_weight
-    k: float | None = None
-    step: float | None = None
+    k = step = -1.0  # -1: nothing observed yet
     wk = ws = 0.0
     below_top = False
-    for c in cells:
-        if c is None or c.n <= 0:
+    n_gate = 0.0
+    last = len(cells) - 1
+    for i, c in enumerate(cells):
+        if c is None:
             continue
-        rate = c.acceptance_rate
-        if rate is not None:
+        n = c.n
+        if (i > 0 or last == 0) and n > n_gate:
+            n_gate = n
+        if n <= 0:
+            continue
+        if c.drafted > 0:
             if below_top:  # the levels above are this level's prior, worth at most cap_ab
-                s, m = min(a + b, cap_ab), a / (a + b)
+                s = a + b
+                m = a / s
+                if s > cap_ab:
+                    s = cap_ab
                 a, b = m * s, (1.0 - m) * s
             below_top = True
-            rate = min(1.0, max(0.0, rate))
-            e = c.n * epr
+            rate = c.accepted / c.drafted
+            rate = 0.0 if rate < 0.0 else 1.0 if rate > 1.0 else rate
+            e = n * epr
             a, b = a + rate * e, b + (1.0 - rate) * e
-        dl, sm = c.draft_len, c.step_ms
-        if dl is not None:
-            k, wk = _blend(k, wk, dl, c.n, cap_n)
-        if sm is not None and sm > 0:
-            step, ws = _blend(step, ws, sm, c.n, cap_n)
-    if step is None:
+        steps = c.steps
+        if steps > 0:
+            dl = c.drafted / steps
+            if k < 0:
+                k, wk = dl, n
+            else:
+                w = wk if wk < cap_n else cap_n
+                k, wk = (w * k + n * dl) / (w + n), w + n
+            sm = c.decode_ms / steps
+            if sm > 0:
+                if step < 0:
+                    step, ws = sm, n
+                else:
+                    w = ws if ws < cap_n else cap_n
+                    step, ws = (w * step + n * sm) / (w + n), w + n
+    if step < 0:
         return None
-    gated = cells[1:] if len(cells) > 1 else cells
-    n = max((c.n for c in gated if c is not None), default=0.0)
-    return Shrunk(a, b, k or 0.0, step, n)
+    return Shrunk(a, b, k if k > 0 else 0.0, step, n_gate)
 
 
 def pool_estimate(stats: Mapping[tuple[str, str], CellStats], levels: Sequence[str], pool: str,
                   learning: Learning) -> Shrunk | None:
     """The shrunk estimate of `pool` over `levels` (most specific first, as `level_keys` gives them)."""
-    return shrink([stats.get((lvl, pool)) for lvl in reversed(levels)], learning)
+    get = stats.get
+    return shrink([get((lvl, pool)) for lvl in reversed(levels)], learning)
 
 
 def goodput(est: Shrunk, state: PoolState | None, learning: Learning, rng: random.Random | None) -> float:

@@ -253,3 +253,12 @@ def test_decide_total_with_contexts(seed: int, temp: str, script: str, n: tuple[
     else:
         assert d.pool is None
     assert all(v >= 0 for v in d.scores.values())
+
+
+def test_new_learning_knobs_stay_out_of_the_document_at_their_defaults() -> None:
+    # a gateway that predates them (the document forbids unknown fields) still reads the policy
+    doc = pol().model_dump(mode="json")
+    assert not {"contexts", "backoff_weight", "compute_bound_tokens"} & set(doc["learning"])
+    assert Policy.model_validate(doc) == pol()
+    tuned = pol(learning={"backoff_weight": 3.0, "contexts": False}).model_dump(mode="json")["learning"]
+    assert tuned["backoff_weight"] == 3.0 and tuned["contexts"] is False and "compute_bound_tokens" not in tuned
