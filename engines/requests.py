@@ -45,6 +45,7 @@ class GenRequest:
     disable_dcut: bool = False
     domain: str = ""
     pool: str = ""
+    context: str = ""               # the gateway's request context key, for statistics
 
 
 @dataclass

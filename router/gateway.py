@@ -35,6 +35,7 @@ from router.timeseries import SeriesSampler
 from router.tracing import make_tracer
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
+from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import FeedbackRecord
 from specroute.v1 import engine_pb2
 
@@ -177,13 +178,14 @@ class Gateway:
     def classify(self, messages: list[dict[str, str]]) -> Classification:
         return self.classifier(messages)
 
-    def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = ()) -> Decision:
+    def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = (),
+              context: RequestContext | None = None) -> Decision:
         """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go."""
         snap = self.snapshot
         states = self.pools.states()
         if allowed:
             states = {p: st if p in allowed else PoolState(healthy=False) for p, st in states.items()}
-        d = decide(probs, uncertainty, snap.stats, states, snap.policy, self.rng)
+        d = decide(probs, uncertainty, snap.cells, states, snap.policy, self.rng, context)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
         if d.reason == "fallback" or d.pool is None:  # a pool is down or drained: count it as a fallback

@@ -18,14 +18,19 @@ Whenever the chosen pool is drained or unhealthy the decision walks `fallback_or
 policy's `fallback_order`, the safe pool, then every pool) and says `fallback`; with nothing
 available the pool is `None` (`no_healthy_pool`).
 
-Expected goodput of a pool for a domain (output tokens per second of one request):
+Learning reads the statistics of the request's context (`RequestContext`, its domain filled in
+here): full context, coarse context, domain and global levels, each shrunk toward the one above
+(router/estimate.py), so a sparse context follows its domain and a dense one stands on its own. The
+expected goodput of a pool accounts for its current batch, whether it speculates at all (an `ar`
+pool is a candidate like any other) and how much its D-Cut drafts now:
 
-    goodput = (1 + k * alpha) * 1000 / step_ms / (1 + waiting / max_running)
+    goodput = (1 + k * alpha) * 1000 / (step_ms * (1 + b * (1 + k) / compute_bound_tokens))
+              / (1 + waiting / max_running)
 
-with `k` the observed draft length per step (after D-Cut), `alpha` the acceptance rate
-(accepted / drafted, sampled from a Beta posterior built from decayed counts) and `step_ms` the
-observed decode time per verification step. `1 + k * alpha` is exactly the mean accepted length
-(vLLM convention) in expectation.
+with `k` the draft length per step (after D-Cut; 0 for `ar`), `alpha` the acceptance rate (sampled
+from a Beta posterior built from decayed counts), `step_ms` the observed decode time per step and
+`b` the requests running per endpoint. The decision carries the context key, which the gateway
+sends to the worker for its feedback record.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from router.estimate import Learning, PoolState, goodput, pool_estimate
+from router.estimate import expected_goodput as expected_goodput
+from specroute.contracts.context import RequestContext, level_keys
 from specroute.contracts.feedback import CellStats
 
 DOMAINS: tuple[str, ...] = ("chat", "code", "math")
@@ -72,24 +80,6 @@ class Canary(BaseModel):
     pool: str
     share: float = Field(ge=0.0, le=1.0, description="fraction of the matching traffic sent to the pool")
     domains: list[str] = Field(default_factory=list, description="empty = every domain")
-
-
-class Learning(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    method: Literal["thompson", "ucb"] = "thompson"
-    min_samples: float = Field(default=5.0, ge=0.0, description="decayed requests before a cell is trusted")
-    switch_margin: float = Field(default=0.05, ge=0.0, le=10.0, description="relative goodput gain to leave the default")
-    evidence_per_request: float = Field(default=4.0, gt=0.0, le=1000.0, description="Beta pseudo-counts per request")
-    prior_acceptance: tuple[float, float] = (1.0, 1.0)
-    ucb_c: float = Field(default=1.0, ge=0.0, le=100.0)
-
-    @model_validator(mode="after")
-    def _prior_positive(self) -> Learning:
-        if self.prior_acceptance[0] <= 0 or self.prior_acceptance[1] <= 0:
-            raise ValueError("prior_acceptance must be two positive numbers")
-        return self
 
 
 class Policy(BaseModel):
@@ -228,29 +218,16 @@ def diff_policies(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
 
 
 @dataclass(frozen=True, slots=True)
-class PoolState:
-    """What the gateway currently knows about one pool (from health checks and `Load`)."""
-
-    healthy: bool
-    running: int = 0
-    waiting: int = 0
-    max_running: int = 0
-    endpoints: int = 0
-
-    @property
-    def queue_factor(self) -> float:
-        return 1.0 + self.waiting / max(self.max_running, 1) if self.waiting > 0 else 1.0
-
-
-@dataclass(frozen=True, slots=True)
 class Decision:
     pool: str | None
     domain: str
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
+    context: str = ""  # the request context key the statistics are learned under ("" = none)
 
 
-StatsSnapshot = Mapping[tuple[str, str], CellStats]  # (domain, pool) -> decayed stats
+# (level, pool) -> decayed stats; a level is a domain, a context key or "*" (specroute/contracts/context.py)
+StatsSnapshot = Mapping[tuple[str, str], CellStats]
 
 
 def top_domain(probabilities: Mapping[str, float]) -> str:
@@ -259,40 +236,6 @@ def top_domain(probabilities: Mapping[str, float]) -> str:
         if p > best_p:
             best, best_p = label, p
     return best
-
-
-def expected_goodput(
-    cell: CellStats,
-    state: PoolState | None,
-    learning: Learning,
-    rng: random.Random | None,
-) -> float | None:
-    """Expected output tokens/s of one request on this cell; `None` without usable statistics.
-
-    With `rng` (Thompson) the acceptance rate is sampled from its Beta posterior; without it the
-    posterior mean (or the UCB bound for `method="ucb"`) is used.
-    """
-    step_ms = cell.step_ms
-    if step_ms is None or step_ms <= 0:
-        return None
-    k = cell.draft_len or 0.0
-    a0, b0 = learning.prior_acceptance
-    alpha_hat = cell.acceptance_rate if cell.acceptance_rate is not None else a0 / (a0 + b0)
-    alpha_hat = min(1.0, max(0.0, alpha_hat))
-    evidence = cell.n * learning.evidence_per_request
-    a, b = a0 + alpha_hat * evidence, b0 + (1.0 - alpha_hat) * evidence
-    if learning.method == "thompson" and rng is not None:
-        alpha = rng.betavariate(a, b)
-    elif learning.method == "ucb":
-        mean = a / (a + b)
-        var = a * b / ((a + b) ** 2 * (a + b + 1.0))
-        alpha = min(1.0, mean + learning.ucb_c * math.sqrt(var))
-    else:
-        alpha = a / (a + b)
-    goodput = (1.0 + k * alpha) * 1000.0 / step_ms
-    if state is not None:
-        goodput /= state.queue_factor
-    return goodput
 
 
 def fallback_order(policy: Policy, first: str | None = None) -> list[str]:
@@ -311,10 +254,18 @@ def decide(
     pools: Mapping[str, PoolState],
     policy: Policy,
     rng: random.Random,
+    context: RequestContext | None = None,
 ) -> Decision:
-    """Choose a pool for one request. Pure: all inputs explicit, randomness from `rng`."""
+    """Choose a pool for one request. Pure: all inputs explicit, randomness from `rng`. `context`
+    holds the request's buckets (its domain is the one chosen here)."""
     domain = top_domain(probabilities)
     drained = set(policy.drained)
+    learning = policy.learning
+    ctx = context.with_domain(domain) if context is not None and domain != UNKNOWN_DOMAIN else None
+    ctx_key = ctx.key if ctx is not None else ""
+
+    def out(pool: str | None, reason: str, scores: dict[str, float] | None = None) -> Decision:
+        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx_key)
 
     def available(p: str) -> bool:
         st = pools.get(p)
@@ -323,18 +274,18 @@ def decide(
     def fallback() -> Decision:
         for p in fallback_order(policy):
             if available(p):
-                return Decision(p, domain, "fallback")
-        return Decision(None, domain, "no_healthy_pool")
+                return out(p, "fallback")
+        return out(None, "no_healthy_pool")
 
     # 1. operator pins always win
     pin = policy.pins.get(domain) or policy.pins.get(WILDCARD)
     if pin is not None:
-        return Decision(pin, domain, "pin") if available(pin) else fallback()
+        return out(pin, "pin") if available(pin) else fallback()
 
     # 2. uncertain classification -> the safe pool
     if domain == UNKNOWN_DOMAIN or uncertainty > policy.uncertainty_threshold:
         if available(policy.safe_pool):
-            return Decision(policy.safe_pool, domain, "uncertain")
+            return out(policy.safe_pool, "uncertain")
         return fallback()
 
     # 3. canaries
@@ -346,37 +297,35 @@ def decide(
             acc += c.share
             if r < acc:
                 if available(c.pool):
-                    return Decision(c.pool, domain, "canary")
+                    return out(c.pool, "canary")
                 break
 
     default = policy.defaults.get(domain, policy.safe_pool)
-    learning = policy.learning
     if learning.enabled:
         cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
         # 4. exploration keeps every candidate's statistics fresh
         if len(cands) > 1 and policy.exploration_rate > 0 and rng.random() < policy.exploration_rate:
             others = [p for p in cands if p != default] or cands
-            return Decision(rng.choice(others), domain, "explore")
+            return out(rng.choice(others), "explore")
         # 5. exploitation: beat the default's expected goodput by a margin
+        levels = level_keys(domain, ctx) if learning.contexts else (domain,)
         scores: dict[str, float] = {}
         sampler = rng if learning.method == "thompson" else None
         for p in cands:
-            cell = stats.get((domain, p))
-            if cell is None or cell.n < learning.min_samples:
+            est = pool_estimate(stats, levels, p, learning)
+            if est is None or est.n < learning.min_samples:
                 continue
-            g = expected_goodput(cell, pools.get(p), learning, sampler)
-            if g is not None:
-                scores[p] = g
+            scores[p] = goodput(est, pools.get(p), learning, sampler)
         if scores:
             best = max(scores, key=lambda p: scores[p])
             if available(default):
                 base = scores.get(default)
                 if base is not None and best != default and scores[best] > base * (1.0 + learning.switch_margin):
-                    return Decision(best, domain, "learned", scores)
-                return Decision(default, domain, "default", scores)
-            return Decision(best, domain, "learned", scores)
+                    return out(best, "learned", scores)
+                return out(default, "default", scores)
+            return out(best, "learned", scores)
 
     # 6. the default pool
     if available(default):
-        return Decision(default, domain, "default")
+        return out(default, "default")
     return fallback()

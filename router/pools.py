@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.discovery import DnsDiscovery, Resolver
+from router.estimate import NON_SPECULATIVE_ENGINES
 from router.policy import PoolState
 from router.tasks import run_every, stop_tasks
 from specroute.v1 import engine_pb2, engine_pb2_grpc
@@ -178,6 +179,23 @@ class Endpoint:
         }
 
 
+def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None]:
+    """Whether a pool speculates (False only when every available endpoint runs an engine kind that
+    never drafts, e.g. `ar`), and the drafts per step its D-Cut keeps now (kept ratio x block size,
+    averaged over the endpoints with D-Cut on; None when none has it on)."""
+    seen = spec = False
+    kept: list[float] = []
+    for e in eps:
+        if not e.available(now):
+            continue
+        seen = True
+        info, load = e.info, e.load
+        spec = spec or info is None or info.engine not in NON_SPECULATIVE_ENGINES
+        if load is not None and load.dcut_enabled and info is not None and info.block_size > 0:
+            kept.append(load.kept_ratio * info.block_size)
+    return spec or not seen, (sum(kept) / len(kept) if kept else None)
+
+
 class PoolManager:
     def __init__(
         self,
@@ -248,8 +266,9 @@ class PoolManager:
                         running += load.running
                         waiting += load.waiting
                         max_running += load.max_running
+            spec, draft_now = speculation(eps, now)
             out[name] = PoolState(healthy=n > 0, running=running, waiting=waiting, max_running=max_running,
-                                  endpoints=n)
+                                  endpoints=n, speculative=spec, draft_now=draft_now)
         return out
 
     def pick(self, pool: str, exclude: set[Endpoint] | None = None) -> Endpoint | None:

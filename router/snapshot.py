@@ -1,8 +1,9 @@
 """The local policy/statistics snapshot and the background tasks that keep it fresh.
 
 The request path only reads `SnapshotSync.snapshot` (an immutable object swapped whole) and never
-awaits Redis. Two tasks maintain it: a periodic pull of policy and per domain x pool statistics
-(`refresh`, every `stats_interval_s`), and a pub/sub listener that applies a new policy the moment
+awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`refresh`, every
+`stats_interval_s`: the per domain x pool cells, then the global and recent context cells,
+router/context_stats.py), and a pub/sub listener that applies a new policy the moment
 any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
+from router.context_stats import pull_context_cells
 from router.metrics import Metrics
 from router.policy import Policy
 from router.pools import PoolManager
@@ -32,8 +35,10 @@ REDIS_FAILURES = (TimeoutError, RedisError, OSError)
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     policy: Policy
-    stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
+    stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)  # (domain, pool), v1 cells
     fetched_at: float = 0.0  # local wall clock of the last successful pull (0 = never)
+    # what the policy learns from: `stats` plus the context and global cells, (level, pool)
+    cells: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
 
 
 class SnapshotSync:
@@ -75,7 +80,7 @@ class SnapshotSync:
         if policy is None or policy == cur or (not force and policy.version <= cur.version):
             return
         log.info("policy version %d applied", policy.version)
-        self.snapshot = Snapshot(policy, self.snapshot.stats, self.snapshot.fetched_at)
+        self.snapshot = dataclasses.replace(self.snapshot, policy=policy)
         self.metrics.policy_version.set(policy.version)
 
     def cells(self) -> list[tuple[str, str]]:
@@ -92,7 +97,9 @@ class SnapshotSync:
         self.apply_policy(policy, force=True)
         hl = self.snapshot.policy.half_life_s
         aged = {cell: s.decayed_to(now, hl) for cell, s in stats.items()}
-        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time())
+        levels = await self._pull_levels()
+        cells = {**aged, **{cell: s.decayed_to(now, hl) for cell, s in levels.items()}}
+        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), cells)
         for (d, p), s in aged.items():
             mal = s.mean_accepted_length
             if mal is not None:
@@ -100,6 +107,14 @@ class SnapshotSync:
         if not self.redis_ok:
             log.info("redis reachable")
         self.redis_ok = True
+
+    async def _pull_levels(self) -> Mapping[tuple[str, str], CellStats]:
+        """The context and global cells (none when the policy does not learn per context)."""
+        assert self.store is not None
+        if not self.snapshot.policy.learning.contexts:
+            return {}
+        pools = list(dict.fromkeys([*self.snapshot.policy.pools, *self.pools.names]))
+        return await pull_context_cells(self.store.client, pools)
 
     async def _refresh_step(self) -> None:
         try:

@@ -30,12 +30,16 @@ def routing_shares(decisions: DecisionCounts) -> list[dict[str, Any]]:
 
 def stats_view(snap: Snapshot, decisions: DecisionCounts, redis_ok: bool, now: float) -> dict[str, Any]:
     cells = [{"domain": d, "pool": p, **s.as_dict()} for (d, p), s in sorted(snap.stats.items())]
+    # the v2 levels the policy also learns from: global ("*") and per request context
+    levels = [{"level": lvl, "pool": p, **s.as_dict()} for (lvl, p), s in sorted(snap.cells.items())
+              if (lvl, p) not in snap.stats]
     reasons = [{"domain": d, "pool": p, "reason": r, "requests": n} for (d, p, r), n in sorted(decisions.items())]
     return {
         "policy_version": snap.policy.version,
         "snapshot_age_s": (now - snap.fetched_at) if snap.fetched_at else None,
         "redis_ok": redis_ok,
         "cells": cells,
+        "context_cells": levels,
         "routing": routing_shares(decisions),
         "reasons": reasons,
     }

@@ -92,7 +92,7 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     max_tokens = min(r.max_tokens or default_max_tokens, ctx - len(ids))
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
-                      domain=r.domain, pool=r.pool)
+                      domain=r.domain, pool=r.pool, context=r.context)
 
 
 def stats_pb(ev: Event) -> pb.SpecStats:
@@ -191,7 +191,8 @@ class EngineService(pb_grpc.EngineServicer):
         self.feedback.put(FeedbackRecord(
             pool=req.pool or self.settings.pool, domain=req.domain or "unknown", tokens=s.completion_tokens,
             drafted=a.drafted, accepted=a.accepted, steps=a.steps, wall_ms=s.wall_s * 1000.0,
-            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=self.backend.info.engine))
+            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=self.backend.info.engine,
+            context=req.context))
 
     def _info(self) -> pb.InfoResponse:
         i = self.backend.info

@@ -34,6 +34,7 @@ from router.api.openai_wire import (
     Completion,
     Kind,
     classifier_input,
+    context_of,
     decision_headers,
     feedback_record,
     finish_reason,
@@ -204,7 +205,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
         probs = {label: 1.0}
     allowed = key.limits.pools if key is not None else ()
     t_dec = time.time_ns() if span is not None else 0
-    d = g.route(probs, unc, allowed)
+    d = g.route(probs, unc, allowed, context_of(body))
     if span is not None and g.tracer is not None:
         child(g.tracer, span, "classify", t_cls, t_dec, specroute__domain=d.domain, specroute__uncertainty=unc)
         child(g.tracer, span, "decide", t_dec, time.time_ns(), specroute__pool=d.pool, specroute__reason=d.reason)
@@ -222,7 +223,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
                        param="max_tokens", code="context_length_exceeded")
     check_prompt_size(body, mc)
 
-    req = generate_request(body, rid, d.domain)
+    req = generate_request(body, rid, d.domain, d.context)
     guard = DisconnectGuard(receive)
     try:
         return await _generate(g, kind, body, d, req, t0, send, guard, out)

@@ -13,7 +13,9 @@ from router.asgi import Headers
 from router.errors import APIError
 from router.policy import Decision
 from router.schemas import ChatCompletionRequest, CompletionRequest
+from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.feedback import FeedbackRecord
+from specroute.contracts.limits import text_bytes
 from specroute.contracts.stats import mean_accepted_length
 from specroute.v1 import engine_pb2
 
@@ -41,9 +43,15 @@ def classifier_input(body: Body) -> list[dict[str, str]]:
     return [{"role": "user", "content": body.prompt_text()}]
 
 
-def generate_request(body: Body, request_id: str, domain: str) -> engine_pb2.GenerateRequest:
+def context_of(body: Body) -> RequestContext:
+    """The request's context buckets (script, temperature, size) for the policy, which adds the domain."""
+    texts = body.prompt_texts()
+    return request_context(texts, body.temperature, text_bytes(texts))
+
+
+def generate_request(body: Body, request_id: str, domain: str, context: str = "") -> engine_pb2.GenerateRequest:
     """The worker request for an OpenAI body (the pool is set per attempt by the dispatcher)."""
-    req = engine_pb2.GenerateRequest(request_id=request_id, domain=domain)
+    req = engine_pb2.GenerateRequest(request_id=request_id, domain=domain, context=context)
     if isinstance(body, ChatCompletionRequest):
         for role, content in body.wire_messages():
             req.messages.add(role=role, content=content)
@@ -137,7 +145,7 @@ def feedback_record(d: Decision, pool: str, col: Collected, worker_s: float, req
     drafted, accepted, steps = col.counts()
     return FeedbackRecord(pool=pool, domain=d.domain, tokens=col.completion_tokens or col.num_tokens,
                           drafted=drafted, accepted=accepted, steps=steps, wall_ms=worker_s * 1000.0,
-                          ttft_ms=col.ttft_s * 1000.0, request_id=request_id, engine="gateway")
+                          ttft_ms=col.ttft_s * 1000.0, request_id=request_id, engine="gateway", context=d.context)
 
 
 # -- response ------------------------------------------------------------------------------------

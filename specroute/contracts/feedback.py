@@ -1,21 +1,34 @@
-"""Per-request acceptance feedback and the decayed per domain x pool statistics in Redis.
+"""Per-request acceptance feedback and the decayed statistics in Redis, per domain, per request
+context and per pool.
 
 Shared by both sides of the wire: engine workers *write* one record per finished request, gateways
 *read* the aggregates. This module therefore imports neither torch, FastAPI nor grpc, and neither
 wing (`router/`, `engines/`); `redis` only through the client you pass in.
 
-Redis layout (prefix `specroute:`, see ARCHITECTURE.md):
+Redis layout (prefix `specroute:`, see docs/redis-layout.md):
 
 - `specroute:feedback`: stream, one entry per finished request, capped with `MAXLEN ~`.
-- `specroute:stats:{domain}:{pool}`: hash of exponentially decayed sums
+- v1, `specroute:stats:{domain}:{pool}`: hash of exponentially decayed sums
   `n, tokens, drafted, accepted, steps, decode_ms, ttft_ms, wall_ms` plus `t` (server time of the
-  last update, seconds). On every update all sums are multiplied by `0.5 ** (dt / half_life_s)` and
-  the new record is added, atomically in one Lua script (`UPDATE_STATS_LUA`). The half-life is read
-  from the current policy document (`specroute:policy`, field `half_life_s`) so operators tune it
-  live; `DEFAULT_HALF_LIFE_S` applies when there is no policy yet.
+  last update, seconds). Still written for every record (dashboards, older gateways); it is also the
+  domain level of the v2 back-off.
+- v2 (`CONTEXT_VERSION`, specroute/contracts/context.py), the same hash fields:
+  - `specroute:stats:v2:all:{pool}`: every request of the pool (the global level);
+  - `specroute:stats:v2:ctx:{context}:{pool}`: one request context, for the full context key
+    (`d=code|s=latin|t=0|l=short`) and the coarse one (`d=code|t=0`); these expire after
+    `max(CONTEXT_MIN_TTL_S, 20 half-lives)` without an update;
+  - `specroute:stats:v2:index`: sorted set of the context cells (`{context}:{pool}`) scored by the
+    server time of their last update; entries older than the TTL are removed and it is capped at
+    `MAX_CONTEXT_CELLS` (most recent kept), so gateways pull a bounded set of recent contexts.
 
-`decay_update` is the pure Python reference of the script (tests check that both agree) and
-`CellStats.decayed_to` is what readers use to age a snapshot to "now".
+One script call (`UPDATE_STATS_LUA`) updates every cell of a record atomically: on each, all sums are
+multiplied by `0.5 ** (dt / half_life_s)` and the new record is added. The half-life is read from the
+current policy document (`specroute:policy`, field `half_life_s`) so operators tune it live;
+`DEFAULT_HALF_LIFE_S` applies when there is no policy yet. A record without a (valid) context updates
+the v1 and global cells only.
+
+`decay_update` is the pure Python reference of the script for one cell (tests check that both agree)
+and `CellStats.decayed_to` is what readers use to age a snapshot to "now".
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specroute.contracts.context import context_keys_for
 from specroute.contracts.stats import mean_accepted_length
 
 PREFIX = "specroute:"
@@ -32,12 +46,37 @@ FEEDBACK_STREAM = PREFIX + "feedback"
 POLICY_KEY = PREFIX + "policy"
 DEFAULT_HALF_LIFE_S = 300.0
 DEFAULT_STREAM_MAXLEN = 100_000
+CONTEXT_INDEX = PREFIX + "stats:v2:index"
+MAX_CONTEXT_CELLS = 2048
+CONTEXT_MIN_TTL_S = 3600
 
 STAT_FIELDS: tuple[str, ...] = ("n", "tokens", "drafted", "accepted", "steps", "decode_ms", "ttft_ms", "wall_ms")
 
 
 def stats_key(domain: str, pool: str) -> str:
+    """v1: the domain cell."""
     return f"{PREFIX}stats:{domain}:{pool}"
+
+
+def global_stats_key(pool: str) -> str:
+    """v2: every request of the pool."""
+    return f"{PREFIX}stats:v2:all:{pool}"
+
+
+def context_member(context: str, pool: str) -> str:
+    """A context cell's member in `CONTEXT_INDEX`."""
+    return f"{context}:{pool}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """(context, pool) of an index member (a context holds no `:`; a pool name might)."""
+    context, _, pool = member.partition(":")
+    return context, pool
+
+
+def context_stats_key(context: str, pool: str) -> str:
+    """v2: one context cell."""
+    return f"{PREFIX}stats:v2:ctx:{context_member(context, pool)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +93,7 @@ class FeedbackRecord:
     ttft_ms: float  # time to first token in the worker
     request_id: str = ""
     engine: str = ""
+    context: str = ""  # the gateway's request context key (specroute/contracts/context.py)
 
     def values(self) -> dict[str, float]:
         """The additive contribution of this record to the aggregates (one request)."""
@@ -153,47 +193,74 @@ def decay_update(old: CellStats, rec: FeedbackRecord, now: float, half_life_s: f
     return CellStats(**{k: getattr(old, k) * f + add[k] for k in STAT_FIELDS}, t=now)
 
 
-# KEYS[1] stats hash, KEYS[2] feedback stream, KEYS[3] policy document
-# ARGV[1] default half-life s, ARGV[2] stream MAXLEN, ARGV[3..10] values in STAT_FIELDS order,
-# ARGV[11..] stream entry field/value pairs
+# KEYS[1] feedback stream, KEYS[2] policy document, KEYS[3] context index,
+# KEYS[4..] stats hashes: KEYS[4] the domain cell (v1), KEYS[5] the pool's global cell,
+#   KEYS[6..5+m] the context cells
+# ARGV[1] default half-life s, ARGV[2] stream MAXLEN, ARGV[3] index cap, ARGV[4] minimum TTL s of a
+# context cell, ARGV[5..12] values in STAT_FIELDS order, ARGV[13] m, ARGV[14..13+m] the context
+# cells' index members, ARGV[14+m..] stream entry field/value pairs
 UPDATE_STATS_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local hl = tonumber(ARGV[1])
-local p = redis.call('GET', KEYS[3])
+local p = redis.call('GET', KEYS[2])
 if p then
   local ok, doc = pcall(cjson.decode, p)
   if ok and type(doc) == 'table' and tonumber(doc['half_life_s']) then hl = tonumber(doc['half_life_s']) end
 end
 local fields = {'n', 'tokens', 'drafted', 'accepted', 'steps', 'decode_ms', 'ttft_ms', 'wall_ms'}
-local prev = redis.call('HMGET', KEYS[1], 't', unpack(fields))
-local f = 1.0
-local pt = tonumber(prev[1])
-if pt and pt > 0 and hl > 0 and now > pt then f = math.pow(0.5, (now - pt) / hl) end
-local out = {}
-for i, name in ipairs(fields) do
-  local v = (tonumber(prev[i + 1]) or 0) * f + tonumber(ARGV[2 + i])
-  out[#out + 1] = name
-  out[#out + 1] = string.format('%.17g', v)
+local function update(key)
+  local prev = redis.call('HMGET', key, 't', unpack(fields))
+  local f = 1.0
+  local pt = tonumber(prev[1])
+  if pt and pt > 0 and hl > 0 and now > pt then f = math.pow(0.5, (now - pt) / hl) end
+  local out = {}
+  for i, name in ipairs(fields) do
+    local v = (tonumber(prev[i + 1]) or 0) * f + tonumber(ARGV[4 + i])
+    out[#out + 1] = name
+    out[#out + 1] = string.format('%.17g', v)
+  end
+  out[#out + 1] = 't'
+  out[#out + 1] = string.format('%.6f', now)
+  redis.call('HSET', key, unpack(out))
 end
-out[#out + 1] = 't'
-out[#out + 1] = string.format('%.6f', now)
-redis.call('HSET', KEYS[1], unpack(out))
+for i = 4, #KEYS do update(KEYS[i]) end
+local m = tonumber(ARGV[13])
+if m > 0 then
+  local ttl = math.max(tonumber(ARGV[4]), math.ceil(20 * hl))
+  for j = 1, m do
+    redis.call('EXPIRE', KEYS[5 + j], ttl)
+    redis.call('ZADD', KEYS[3], now, ARGV[13 + j])
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ttl)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[3]) + 1))
+end
 local entry = {}
-for i = 11, #ARGV do entry[#entry + 1] = ARGV[i] end
+for i = 14 + m, #ARGV do entry[#entry + 1] = ARGV[i] end
 entry[#entry + 1] = 'ts'
 entry[#entry + 1] = string.format('%.6f', now)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
 return string.format('%.6f', now)
 """
+
+
+def record_cells(rec: FeedbackRecord) -> list[str]:
+    """Every stats hash one record updates: the domain cell, the global cell, its context cells."""
+    domain, pool = rec.domain or "unknown", rec.pool or "unknown"
+    return [stats_key(domain, pool), global_stats_key(pool),
+            *(context_stats_key(c, pool) for c in context_keys_for(rec.context, domain))]
 
 
 def script_args(
     rec: FeedbackRecord,
     default_half_life_s: float = DEFAULT_HALF_LIFE_S,
     maxlen: int = DEFAULT_STREAM_MAXLEN,
+    index_cap: int = MAX_CONTEXT_CELLS,
+    min_ttl_s: int = CONTEXT_MIN_TTL_S,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV for `UPDATE_STATS_LUA` (exposed for callers that pipeline the script)."""
+    domain, pool = rec.domain or "unknown", rec.pool or "unknown"
+    contexts = context_keys_for(rec.context, domain)
     vals = rec.values()
     entry = {
         "pool": rec.pool,
@@ -206,12 +273,14 @@ def script_args(
         "ttft_ms": round(float(rec.ttft_ms), 3),
         "request_id": rec.request_id,
         "engine": rec.engine,
+        "context": contexts[0] if contexts else "",
     }
-    argv = [repr(float(default_half_life_s)), str(int(maxlen))]
+    argv = [repr(float(default_half_life_s)), str(int(maxlen)), str(int(index_cap)), str(int(min_ttl_s))]
     argv += [repr(vals[k]) for k in STAT_FIELDS]
+    argv += [str(len(contexts)), *(context_member(c, pool) for c in contexts)]
     for k, v in entry.items():
         argv += [k, str(v)]
-    keys = [stats_key(rec.domain or "unknown", rec.pool or "unknown"), FEEDBACK_STREAM, POLICY_KEY]
+    keys = [FEEDBACK_STREAM, POLICY_KEY, CONTEXT_INDEX, *record_cells(rec)]
     return keys, argv
 
 

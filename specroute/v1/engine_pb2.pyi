@@ -27,7 +27,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce")
+    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class GenerateRequest(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     DISABLE_DCUT_FIELD_NUMBER: _ClassVar[int]
     COALESCE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     prompt: str
@@ -48,7 +49,8 @@ class GenerateRequest(_message.Message):
     pool: str
     disable_dcut: bool
     coalesce: bool
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ...) -> None: ...
+    context: str
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ...) -> None: ...
 
 class SpecStats(_message.Message):
     __slots__ = ("drafted_tokens", "accepted_tokens", "steps", "mean_accepted_length", "accepted_per_position")

@@ -37,6 +37,7 @@ class FakeConfig:
     token_delay_s: float = 0.0
     acceptance: dict[str, float] = field(default_factory=dict)  # domain -> acceptance rate
     default_acceptance: float = 0.6
+    hot_acceptance: float | None = None  # acceptance at temperature > 0.8, when set
     step_ms: float = 10.0
     fail: str = ""  # "" | "before_first" | "mid_stream" | "overloaded"
     fail_after: int = 2  # chunks before a mid-stream failure
@@ -79,6 +80,8 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake worker queue is full")
         n = request.max_tokens or c.default_max_tokens
         alpha = c.acceptance.get(request.domain, c.default_acceptance)
+        if c.hot_acceptance is not None and request.sampling.temperature > 0.8:
+            alpha = c.hot_acceptance
         self.running += 1
         t0 = time.perf_counter()
         held: list[str] | None = [] if request.coalesce and c.coalesce else None
@@ -117,7 +120,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                 await self._record(FeedbackRecord(
                     pool=request.pool, domain=request.domain, tokens=emitted, drafted=drafted, accepted=accepted,
                     steps=steps, wall_ms=steps * c.step_ms + 1.0, ttft_ms=1.0, request_id=request.request_id,
-                    engine=c.engine,
+                    engine=c.engine, context=request.context,
                 ))
         except asyncio.CancelledError:
             self.cancelled += 1

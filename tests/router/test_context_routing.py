@@ -1,0 +1,130 @@
+"""The request context end to end: on the wire (proto round trip, the OpenAI body's buckets), in the
+pool state (`ar` pools, D-Cut drafting) and through the gateway with fake workers writing feedback,
+where code at T=0 and code at T=1 learn to go to different pools."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import redis
+
+from router.api.openai_wire import context_of, feedback_record, generate_request
+from router.policy import Decision
+from router.pools import Endpoint, speculation
+from router.schemas import ChatCompletionRequest, CompletionRequest
+from specroute.contracts.context import RequestContext
+from specroute.contracts.feedback import CONTEXT_INDEX, context_stats_key, global_stats_key
+from specroute.v1 import engine_pb2
+from tests.router.conftest import ADMIN, engines, running_app, settings_for
+from tests.router.fake_engine import FakeConfig
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def test_generate_request_context_round_trip() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "Решите уравнение x + 2 = 5"}], "temperature": 0})
+    ctx = context_of(body)
+    assert ctx == RequestContext("", "cyrillic", "0", "short")
+    req = generate_request(body, "rid", "math", ctx.with_domain("math").key)
+    wire = engine_pb2.GenerateRequest.FromString(req.SerializeToString())
+    assert (wire.domain, wire.context) == ("math", "d=math|s=cyrillic|t=0|l=short")
+    # an old gateway's request (no field 11) reads as no context
+    old = engine_pb2.GenerateRequest(request_id="r", domain="code")
+    assert engine_pb2.GenerateRequest.FromString(old.SerializeToString()).context == ""
+    # the OpenAI default temperature (absent) is 1: the `high` bucket; size in UTF-8 bytes
+    long_prompt = CompletionRequest.model_validate({"model": "m", "prompt": "x" * 9000})
+    assert context_of(long_prompt) == RequestContext("", "latin", "high", "long")
+
+
+def test_gateway_feedback_record_carries_the_context() -> None:
+    from router.api.openai_wire import Collected
+
+    d = Decision("dfly", "code", "default", context="d=code|s=latin|t=0|l=short")
+    rec = feedback_record(d, "dfly", Collected(0.01), 0.1)
+    assert rec.context == "d=code|s=latin|t=0|l=short" and rec.domain == "code"
+
+
+def _endpoint(engine: str, healthy: bool = True, dcut: bool = False, kept: float = 1.0, block: int = 4) -> Endpoint:
+    e = Endpoint("p", "127.0.0.1:1", 3, 1.0)
+    e.healthy = healthy
+    e.info = engine_pb2.InfoResponse(engine=engine, block_size=block)
+    e.load = engine_pb2.LoadResponse(dcut_enabled=dcut, kept_ratio=kept)
+    return e
+
+
+def test_pool_speculation_from_info_and_load() -> None:
+    now = time.monotonic()
+    assert speculation([_endpoint("ar"), _endpoint("ar")], now) == (False, None)
+    assert speculation([_endpoint("ar"), _endpoint("dfly")], now) == (True, None)
+    assert speculation([_endpoint("ar"), _endpoint("dfly", healthy=False)], now) == (False, None)
+    assert speculation([], now) == (True, None)  # nothing known: assume it speculates
+    spec, draft_now = speculation([_endpoint("dfly", dcut=True, kept=0.25, block=8),
+                                   _endpoint("dfly", dcut=True, kept=0.75, block=8)], now)
+    assert spec and draft_now == pytest.approx(4.0)
+
+
+HOT_CODE = "write python code that sorts a list"
+
+
+async def _set_policy(c: httpx.AsyncClient, **changes: object) -> None:
+    r = await c.get("/admin/policy", headers=ADMIN)
+    doc, etag = r.json(), r.headers["etag"]
+    learning = {**doc["learning"], **changes.pop("learning", {})}  # type: ignore[dict-item]
+    r = await c.put("/admin/policy", json={**doc, **changes, "learning": learning},
+                    headers={**ADMIN, "if-match": etag})
+    assert r.status_code == 200, r.text
+
+
+async def _ask(c: httpx.AsyncClient, temperature: float) -> tuple[str, str]:
+    r = await c.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": [{"role": "user", "content": HOT_CODE}], "max_tokens": 40,
+        "temperature": temperature})
+    assert r.status_code == 200, r.text
+    return r.headers["x-specroute-pool"], r.headers["x-specroute-reason"]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_code_at_t0_and_t1_learn_different_pools(redis_url: str) -> None:
+    """dfly accepts well at T=0 (MAL 3.8) and hardly at all at T=1 (MAL 1.1); ar runs one token per
+    shorter step. After feedback from both pools (pinned in turn, so the evidence is the same on
+    every run), code at T=0 stays on dfly and code at T=1 moves to ar."""
+    dfly = FakeConfig(name="dfly", engine="dfly", acceptance={"code": 0.7}, hot_acceptance=0.03, step_ms=12.0,
+                      redis_url=redis_url)
+    ar = FakeConfig(name="ar", engine="ar", block_size=0, step_ms=8.0, redis_url=redis_url)
+    async with engines(dfly, ar) as es, running_app(
+        settings_for({"dfly": [es[0].address], "ar": [es[1].address]}, redis_url, stats_interval_s=0.05)
+    ) as c:
+        gw = c.app.state.gateway  # type: ignore[attr-defined]
+        assert gw.pools.states()["ar"].speculative is False and gw.pools.states()["dfly"].speculative
+        # a request of 40 tokens verifies dozens of drafts: count it as 16 Beta pseudo-counts
+        learning = {"min_samples": 3, "evidence_per_request": 16.0}
+        for pool, n in (("dfly", 40), ("ar", 20)):  # feedback from both pools, both temperatures
+            await _set_policy(c, exploration_rate=0.0, pins={"code": pool}, learning=learning)
+            for i in range(n):
+                assert await _ask(c, 0.0 if i % 2 else 1.0) == (pool, "pin")
+        await _set_policy(c, pins={})
+        await asyncio.sleep(0.3)  # the feedback is in the snapshot
+        cold = [await _ask(c, 0.0) for _ in range(10)]
+        hot = [await _ask(c, 1.0) for _ in range(10)]
+        print(f"T=0 -> {cold}\nT=1 -> {hot}")
+        assert cold == [("dfly", "default")] * 10
+        assert sum(d == ("ar", "learned") for d in hot) >= 9
+        # the worker got the context, and Redis holds its cells (v1 domain cells still written)
+        sent = es[1].servicer.requests[-1]
+        assert (sent.domain, sent.context) == ("code", "d=code|s=latin|t=high|l=short")
+        r = redis.Redis.from_url(redis_url)
+        assert float(r.hget(context_stats_key("d=code|t=high", "dfly"), "n") or 0) >= 19
+        assert float(r.hget(global_stats_key("ar"), "n") or 0) >= 19
+        assert r.zscore(CONTEXT_INDEX, "d=code|s=latin|t=0|l=short:dfly") is not None
+        assert float(r.hget("specroute:stats:code:dfly", "n") or 0) >= 39
+        snap = gw.snapshot
+        assert ("d=code|t=high", "dfly") in snap.cells and ("code", "dfly") in snap.stats
+        assert not any("|" in d for d, _ in snap.stats)  # the dashboard's cells stay per domain
+        view = (await c.get("/admin/stats", headers=ADMIN)).json()
+        levels = {(x["level"], x["pool"]) for x in view["context_cells"]}
+        assert {("*", "ar"), ("d=code|t=high", "dfly")} <= levels
+        assert {(x["domain"], x["pool"]) for x in view["cells"]} == {("code", "dfly"), ("code", "ar")}
