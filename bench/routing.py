@@ -12,7 +12,8 @@ Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 ch
 {0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the
 arm's DFly workers: noise on the drafter's weights, engines/worker/degrade.py; restored after the
 cell); S5 load surge at concurrency 2 -> 16 -> 2; S6 half non-English prompts. Each scenario runs at
-every `--concurrency` level (S5 at its own levels): one cell per (scenario, level). Traces are built
+every `--concurrency` level (S5 at its own levels): one cell per (scenario, level); S3 and S4 run twice
+`--requests-per-scenario`, so that as many requests follow the change. Traces are built
 once per cell from held-out prompts and replayed identically to every arm.
 
 Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured requests of the cell's
@@ -50,6 +51,7 @@ from bench.routing_client import Result, run_segment
 from bench.routing_metrics import (
     FLEET_POOLS,
     better_pools,
+    default_pools,
     identity,
     regret,
     suite_totals,
@@ -98,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=str(REPO / "models" / "demo"), help="model bundle (default models/demo)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="subset, e.g. S1,S3")
     ap.add_argument("--arms", default=",".join(ARMS), help="subset of " + ",".join(ARMS))
-    ap.add_argument("--concurrency", default="4,16", help="closed-loop clients (each level a cell; S5 has its own)")
-    ap.add_argument("--requests-per-scenario", type=int, default=300, help="measured requests per cell")
+    ap.add_argument("--concurrency", default="8", help="closed-loop clients, e.g. 4,16 (each level a cell; S5 runs "
+                                                       "at 2, 16, 2 whatever this says)")
+    ap.add_argument("--requests-per-scenario", type=int, default=250,
+                    help="measured requests per cell (S3 and S4: twice as many)")
     ap.add_argument("--warmup-requests", type=int, default=40, help="unmeasured requests before each cell and arm")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--degrade-noise", type=float, default=3.0, help="S4: noise on the DFly drafter (weight stds)")
@@ -161,7 +165,8 @@ def analyse(name: str, sc: Scenario, conc: int, rows: dict[str, list[dict[str, A
     if change is not None:
         for arm in ("static", "learned"):
             if arm in rows:
-                arms[arm]["switch"] = switch_point(rows[arm], change, better[change - 1], better[change], window)
+                arms[arm]["switch"] = switch_point(rows[arm], change, default_pools(better[change]), better[change],
+                                                   window)
     t0_texts = {arm: {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
                 for arm, rs in rows.items()}
     return {"cell": name, "scenario": sc.name, "title": sc.title, "concurrency": conc or None,
@@ -197,7 +202,8 @@ def main(argv: list[str]) -> int:
     for name, sc, conc in cells:
         pool = PromptPool(prompts, args.seed)   # the same draws for every arm; warm-up prompts first
         warm = build_trace(sc, args.warmup_requests, conc, pool, args.seed, phase=0) if args.warmup_requests else []
-        traces[name] = (warm, build_trace(sc, args.requests_per_scenario, conc, pool, args.seed))
+        n = max(2, round(args.requests_per_scenario * sc.requests_factor))
+        traces[name] = (warm, build_trace(sc, n, conc, pool, args.seed))
 
     load0 = os.getloadavg()
     t_start = time.time()

@@ -12,8 +12,11 @@ A row is one request as `bench.routing_client.Result.row` writes it: `index` (di
   (all-MTP, all-DFly: the pools the routed arms choose between) whose requests of that class decoded
   faster (median of completion tokens / streaming time);
 - switch: after a change (S3's drift, S4's fault), the affected traffic is the classes whose better
-  pool changed or that are new; the switch point is the first affected request from which a window of
-  `window` affected requests has at least 90% on the better pool (0: right away; None: never).
+  pool (measured after the change) is not the one the built-in default policy sends them to
+  (`DEFAULT_POOLS`: chat -> mtp, code and math -> dfly), i.e. the traffic learning has to move; the
+  switch point is the first affected request from which a window of `window` affected requests has at
+  least 90% on the better pool (0: right away; None: never), counted in affected requests and in all
+  requests since the change.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ from bench.routing_trace import temp_bucket
 Row = Mapping[str, Any]
 FLEET_POOLS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
 ROUTED_POOLS = ("mtp", "dfly")   # what the static and learned arms route between
+DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.policy.default_policy's choice
+
+
+def default_pools(classes: Iterable[str]) -> dict[str, str]:
+    """class -> the pool the built-in default policy (learning off) sends it to."""
+    return {c: DEFAULT_POOLS.get(c.split("|")[0], "mtp") for c in classes}
 
 
 def pct(xs: Sequence[float], q: float) -> float | None:
@@ -124,10 +133,11 @@ def better_pools(fleets: Mapping[str, Sequence[Row]], phase: int) -> dict[str, s
     return out
 
 
-def switch_point(rows: Sequence[Row], change_phase: int, before: Mapping[str, str], after: Mapping[str, str],
+def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, str], after: Mapping[str, str],
                  window: int = 50, target: float = 0.9) -> dict[str, Any]:
-    """When `target` of the affected traffic after `change_phase` starts is on its better pool."""
-    affected_classes = sorted(c for c, p in after.items() if before.get(c) != p)
+    """When `target` of the affected traffic (classes whose better pool `after` is not their `baseline`
+    pool) after `change_phase` starts is on its better pool."""
+    affected_classes = sorted(c for c, p in after.items() if baseline.get(c) != p)
     post = sorted((r for r in rows if r["phase"] >= change_phase), key=lambda r: r["index"])
     aff = [r for r in post if traffic_class(r) in affected_classes]
     out: dict[str, Any] = {"affected_classes": {c: after[c] for c in affected_classes}, "affected_requests": len(aff),

@@ -6,7 +6,9 @@ on every English prompt file (bench/results/classifier.json: 12,267 prompts = al
 for English traffic "held out" holds for the models only; the non-English items (S6) were seen by
 neither. Warm-up requests draw from the same held-out pool but never reuse a measured prompt.
 
-Scenarios (`SCENARIOS`): a list of phases, each with a domain mix, a temperature mix, a language mix
+Scenarios (`SCENARIOS`): a request count (`requests_factor` x the run's `--requests-per-scenario`:
+S3 and S4 run twice as many, so that as many follow their change as a plain scenario has) and a list
+of phases, each with a domain mix, a temperature mix, a language mix
 and a concurrency (None: the run's `--concurrency`); a phase boundary is where S3 drifts, S4's drafter
 goes bad and S5's load surges.
 """
@@ -46,6 +48,7 @@ class Scenario:
     title: str
     phases: tuple[Phase, ...]
     fault_at_phase: int | None = None      # S4: the DFly drafter goes bad when this phase starts
+    requests_factor: float = 1.0           # x --requests-per-scenario (S3, S4: room after the change)
 
 
 CODE_MATH = {"code": 0.4, "math": 0.4, "chat": 0.2}
@@ -57,9 +60,10 @@ API_TEMPS = {0.0: 1.0, 0.7: 1.0, 1.0: 1.0}
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("S1", "code and math heavy (80%), T=0", (Phase(1.0, CODE_MATH, T0),)),
     Scenario("S2", "chat heavy (80%), T in {0, 0.7, 1}", (Phase(1.0, CHAT_HEAVY, API_TEMPS),)),
-    Scenario("S3", "drift: S1 then S2", (Phase(0.5, CODE_MATH, T0), Phase(0.5, CHAT_HEAVY, API_TEMPS))),
+    Scenario("S3", "drift: S1 then S2", (Phase(0.5, CODE_MATH, T0), Phase(0.5, CHAT_HEAVY, API_TEMPS)),
+             requests_factor=2.0),
     Scenario("S4", "DFly drafter goes bad mid-run (S1 traffic)", (Phase(0.5, CODE_MATH, T0), Phase(0.5, CODE_MATH, T0)),
-             fault_at_phase=1),
+             fault_at_phase=1, requests_factor=2.0),
     Scenario("S5", "load surge: concurrency 2, 16, 2 (even mix, T=0)",
              (Phase(0.2, EVEN, T0, concurrency=2), Phase(0.6, EVEN, T0, concurrency=16),
               Phase(0.2, EVEN, T0, concurrency=2))),

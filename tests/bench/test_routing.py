@@ -13,6 +13,7 @@ import pytest
 from bench.routing import cells_of, main, parse_levels, parse_names
 from bench.routing_metrics import (
     better_pools,
+    default_pools,
     identity,
     regret,
     suite_totals,
@@ -45,6 +46,7 @@ def test_traces_follow_their_scenario(prompts):
     assert {it.temperature for it in s1} == {0.0} and {it.concurrency for it in s1} == {4}
     s2 = build_trace(SCENARIOS["S2"], n, 4, PromptPool(prompts, 0), 0)
     assert Counter(it.domain for it in s2)["chat"] / n > 0.7 and {it.temperature for it in s2} == {0.0, 0.7, 1.0}
+    assert SCENARIOS["S3"].requests_factor == SCENARIOS["S4"].requests_factor == 2.0
     s3 = build_trace(SCENARIOS["S3"], n, 4, PromptPool(prompts, 0), 0)
     assert [len(seg) for seg in segments(s3)] == [100, 100]
     assert {it.temperature for it in s3[:100]} == {0.0} and len({it.temperature for it in s3[100:]}) == 3
@@ -125,7 +127,8 @@ def test_better_pools_and_switch_point():
         else:
             rows.append(row(i, "dfly" if code_seen < 30 else "mtp", phase=1))
             code_seen += 1
-    sw = switch_point(rows, 1, before, after, window=50)
+    assert default_pools(after) == {"code|t=0": "dfly", "chat|t=0": "mtp"} == before
+    sw = switch_point(rows, 1, default_pools(after), after, window=50)
     assert sw["affected_classes"] == {"code|t=0": "mtp"} and sw["affected_requests"] == 100
     # the first window of 50 code requests with >= 45 on mtp starts at the 25th code request
     assert sw["affected_requests_until_90pct"] == 25 and sw["requests_until_90pct"] == 50
@@ -152,7 +155,7 @@ def test_bench_routing_smoke(tmp_path):
     model = tiny_bundle(tmp_path / "m", drafters=("mtp", "dfly"))
     out = tmp_path / "out"
     rc = main(["--model", str(model), "--scenarios", "S4", "--arms", "all-dfly,learned", "--concurrency", "2",
-               "--requests-per-scenario", "6", "--warmup-requests", "2", "--max-tokens", "8", "--out", str(out),
+               "--requests-per-scenario", "3", "--warmup-requests", "2", "--max-tokens", "8", "--out", str(out),
                "--name", "r"])
     assert rc == 0
     doc = json.loads((out / "r.json").read_text())
