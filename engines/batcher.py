@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engines.dcut.controller import DcutController
 from engines.requests import (
@@ -88,7 +89,7 @@ class Batcher:
         self.k = max_draft if config.k is None else max(0, min(int(config.k), max_draft))
         self.dcut = dcut
         self.observer = observer or BatcherObserver()
-        self._inbox: queue.SimpleQueue[tuple[str, Handle | None]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()  # (kind, Handle | callable | None)
         self._lock = threading.Lock()
         self._pending = 0                       # submitted, not yet in a slot (waiting queue size)
         self._closed = False
@@ -150,6 +151,10 @@ class Batcher:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the model thread between two steps (e.g. to change weights safely)."""
+        self._inbox.put(("call", fn))
+
     def set_dcut(self, on: bool) -> bool:
         if self.dcut is None:
             return False
@@ -208,6 +213,11 @@ class Batcher:
             elif kind == "stop":
                 self._finish_everything("shutdown")
                 return False
+            elif kind == "call":
+                try:
+                    handle()
+                except Exception:
+                    log.exception("call on the model thread failed")
             # "cancel" needs no work here: the handle's flag is checked in _step
             try:
                 msg = self._inbox.get_nowait()

@@ -37,6 +37,9 @@ FLAGS: list[tuple[str, dict]] = [
     ("--pool", dict()),
     ("--threads", dict(type=int)),
     ("--drain-timeout-s", dict(type=float)),
+    ("--degrade-drafter-after-s", dict(type=float, help="degrade the drafter this long after start (fault drill; "
+                                                        "SIGUSR1 / SIGUSR2 degrade / restore at any time)")),
+    ("--degrade-drafter-noise", dict(type=float, help="noise of a degraded drafter, in weight std units (3)")),
     ("--null-token-delay-ms", dict(type=float)),
     ("--vllm-drafter", dict()),
     ("--vllm-method", dict()),

@@ -246,6 +246,9 @@ async def serve(settings, backend, metrics=None, on_ready=None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    from engines.worker.degrade import install as install_drafter_faults
+
+    install_drafter_faults(settings, backend, loop)
     log.info("worker %s listening on %s:%d", settings.engine, settings.host, port)
     if on_ready is not None:
         on_ready(port)

@@ -41,6 +41,10 @@ class WorkerSettings(BaseSettings):
     threads: int = Field(1, ge=1, le=256)     # torch intra-op threads
     drain_timeout_s: float = Field(30.0, ge=0)
     feedback_queue: int = Field(1000, ge=1)
+    # drafter faults (engines/worker/degrade.py): degrade the drafter this long after start (None: never;
+    # SIGUSR1 / SIGUSR2 degrade / restore at any time), by noise of this many weight standard deviations
+    degrade_drafter_after_s: float | None = Field(None, ge=0)
+    degrade_drafter_noise: float = Field(3.0, gt=0, le=100)
     # null engine: output tokens per request when the request does not say (0: use max_tokens)
     null_text: str = "lorem ipsum dolor sit amet "
     null_token_delay_ms: float = Field(0.0, ge=0)

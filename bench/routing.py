@@ -1,0 +1,266 @@
+"""`specroute bench routing --out bench/results/`: routing policies against static fleets, end to end.
+
+The system as users run it: real workers (`specroute worker`, one torch thread each), a real gateway
+(`specroute gateway`) and a real Redis; the load generator streams chat completions over HTTP.
+Every arm is two worker processes (bench/routing_system.py `ARMS`):
+
+    all-mtp    2 x MTP                 all-dfly   2 x DFly + D-Cut          all-ar   2 x AR
+    static     1 MTP + 1 DFly + D-Cut, the built-in default policy (classifier routes) with learning off
+    learned    the same two workers, the built-in default policy with learning on
+
+Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 chat heavy, T in
+{0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the
+arm's DFly workers: noise on the drafter's weights, engines/worker/degrade.py; restored after the
+cell); S5 load surge at concurrency 2 -> 16 -> 2; S6 half non-English prompts. Each scenario runs at
+every `--concurrency` level (S5 at its own levels): one cell per (scenario, level); S3 and S4 run twice
+`--requests-per-scenario`, so that as many requests follow the change. Traces are built
+once per cell from held-out prompts and replayed identically to every arm.
+
+Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured requests of the cell's
+first phase let learning (and the workers' caches) warm up, then the trace runs closed-loop, one
+segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean accepted length,
+routing shares and goodput over time, regret against the best arm, for S3/S4 the requests until 90% of
+the affected traffic is on the better pool (bench/routing_metrics.py), whether T=0 outputs are
+identical across arms, and suite totals. Writes `<name>.json`, `<name>.png` and the per-request
+rows (texts of T=0 requests included) in `<name>-requests.jsonl.gz`.
+
+CPU: the workers, the gateway, Redis and the load generator share the machine; on a 2-core machine
+they compete, so absolute numbers are lower and noisier than on a larger one (the JSON records the
+CPU count and load averages).
+
+    specroute bench routing --out bench/results/                                   # full run
+    specroute bench routing --scenarios S1,S4 --arms all-dfly,learned --requests-per-scenario 20 \\
+        --warmup-requests 10 --max-tokens 32 --name routing-smoke                 # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import platform
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.routing_client import Result, run_segment
+from bench.routing_metrics import (
+    FLEET_POOLS,
+    better_pools,
+    default_pools,
+    identity,
+    regret,
+    suite_totals,
+    summarize,
+    switch_point,
+)
+from bench.routing_metrics import time_series as series
+from bench.routing_plot import plot, table
+from bench.routing_system import ARMS, Arm, System
+from bench.routing_trace import (
+    SCENARIOS,
+    PromptPool,
+    Scenario,
+    TraceItem,
+    build_trace,
+    read_prompts,
+    segments,
+)
+from specroute.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_names(text: str, known: Sequence[str], what: str) -> list[str]:
+    names = [t.strip() for t in text.replace(" ", ",").split(",") if t.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise UserError(f"--{what}: unknown {', '.join(bad) or '(none given)'} (choose from {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise UserError(f"--concurrency {text!r}: expected integers like 4,16") from None
+    if not levels or min(levels) < 1:
+        raise UserError("--concurrency needs positive integers")
+    return list(dict.fromkeys(levels))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specroute bench routing", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench/results/", help="output directory")
+    ap.add_argument("--name", default="routing", help="file name stem of the outputs (default routing)")
+    ap.add_argument("--model", default=str(REPO / "models" / "demo"), help="model bundle (default models/demo)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="subset, e.g. S1,S3")
+    ap.add_argument("--arms", default=",".join(ARMS), help="subset of " + ",".join(ARMS))
+    ap.add_argument("--concurrency", default="8", help="closed-loop clients, e.g. 4,16 (each level a cell; S5 runs "
+                                                       "at 2, 16, 2 whatever this says)")
+    ap.add_argument("--requests-per-scenario", type=int, default=250,
+                    help="measured requests per cell (S3 and S4: twice as many)")
+    ap.add_argument("--warmup-requests", type=int, default=40, help="unmeasured requests before each cell and arm")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--degrade-noise", type=float, default=3.0, help="S4: noise on the DFly drafter (weight stds)")
+    ap.add_argument("--bins", type=int, default=12, help="time slices of the per-cell series")
+    ap.add_argument("--switch-window", type=int, default=50, help="affected requests per window of the 90%% test")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-dir", default=None, help="process logs (default <out>/tmp/routing-logs)")
+    return ap
+
+
+def cells_of(scenarios: list[str], levels: list[int]) -> list[tuple[str, Scenario, int]]:
+    out = []
+    for name in scenarios:
+        sc = SCENARIOS[name]
+        if all(ph.concurrency is not None for ph in sc.phases):
+            out.append((name, sc, 0))
+        else:
+            out.extend((f"{name}@c{c}", sc, c) for c in levels)
+    return out
+
+
+def run_trace(system: System, arm: Arm, sc: Scenario, warm: list[TraceItem], trace: list[TraceItem],
+              max_tokens: int) -> tuple[list[Result], list[float]]:
+    """Warm up, then the measured segments (S4's fault between them); returns results and phase starts."""
+    port = system.gateway_port
+    dfly = [k for ks in arm.pools.values() for k in ks if k[0] == "dfly"]
+    system.reset_stats()
+    time.sleep(1.5)   # every gateway's snapshot has pulled the empty statistics
+
+    async def go() -> tuple[list[Result], list[float]]:
+        if warm:
+            await run_segment("127.0.0.1", port, warm, warm[0].concurrency, max_tokens, time.perf_counter())
+        t0 = time.perf_counter()
+        out: list[Result] = []
+        starts: list[float] = []
+        for seg in segments(trace):
+            if sc.fault_at_phase is not None and seg[0].phase == sc.fault_at_phase and dfly:
+                system.signal_workers(dfly, signal.SIGUSR1)
+                await asyncio.sleep(0.3)
+            starts.append(round(time.perf_counter() - t0, 3))
+            out += await run_segment("127.0.0.1", port, seg, seg[0].concurrency, max_tokens, t0)
+        return out, starts
+
+    try:
+        return asyncio.run(go())
+    finally:
+        if sc.fault_at_phase is not None and dfly:
+            system.signal_workers(dfly, signal.SIGUSR2)
+            time.sleep(0.3)
+
+
+def analyse(name: str, sc: Scenario, conc: int, rows: dict[str, list[dict[str, Any]]],
+            starts: dict[str, list[float]], bins: int, window: int) -> dict[str, Any]:
+    arms = {arm: {"summary": summarize(rs), "series": series(rs, bins), "phase_starts_s": starts[arm]}
+            for arm, rs in rows.items()}
+    fleets = {a: rs for a, rs in rows.items() if a in FLEET_POOLS}
+    better = {ph: better_pools(fleets, ph) for ph in range(len(sc.phases))}
+    change = 1 if len(sc.phases) > 1 and (name.startswith("S3") or sc.fault_at_phase is not None) else None
+    if change is not None:
+        for arm in ("static", "learned"):
+            if arm in rows:
+                arms[arm]["switch"] = switch_point(rows[arm], change, default_pools(better[change]), better[change],
+                                                   window)
+    t0_texts = {arm: {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
+                for arm, rs in rows.items()}
+    return {"cell": name, "scenario": sc.name, "title": sc.title, "concurrency": conc or None,
+            "phases": [{"share": ph.share, "domains": dict(ph.domains),
+                        "temperatures": {str(k): v for k, v in ph.temperatures.items()},
+                        "non_english": ph.non_english, "concurrency": ph.concurrency or conc} for ph in sc.phases],
+            "arms": arms, "regret": regret({a: v["summary"]["output_tokens_per_s"] for a, v in arms.items()}),
+            "better_pools": {str(k): v for k, v in better.items()},
+            "t0_identity": identity(t0_texts, reference="all-ar")}
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    scenarios = parse_names(args.scenarios, list(SCENARIOS), "scenarios")
+    arm_names = parse_names(args.arms, list(ARMS), "arms")
+    levels = parse_levels(args.concurrency)
+    if args.requests_per_scenario < 2 or args.warmup_requests < 0 or args.max_tokens < 1:
+        raise UserError("--requests-per-scenario >= 2, --warmup-requests >= 0 and --max-tokens >= 1 please")
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UserError(f"no model bundle at {model}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(args.log_dir) if args.log_dir else out / "tmp" / "routing-logs"
+
+    from engines.training.data import data_dir
+
+    prompts = read_prompts(data_dir())
+    if not prompts:
+        raise UserError(f"no held-out prompts under {data_dir()}/prompts")
+    cells = cells_of(scenarios, levels)
+    traces: dict[str, tuple[list[TraceItem], list[TraceItem]]] = {}
+    for name, sc, conc in cells:
+        pool = PromptPool(prompts, args.seed)   # the same draws for every arm; warm-up prompts first
+        warm = build_trace(sc, args.warmup_requests, conc, pool, args.seed, phase=0) if args.warmup_requests else []
+        n = max(2, round(args.requests_per_scenario * sc.requests_factor))
+        traces[name] = (warm, build_trace(sc, n, conc, pool, args.seed))
+
+    load0 = os.getloadavg()
+    t_start = time.time()
+    system = System(model, log_dir, args.degrade_noise, args.seed)
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name, _, _ in cells}
+    starts: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in cells}
+    try:
+        system.start_redis()
+        keys = list(dict.fromkeys(k for a in arm_names for ks in ARMS[a].pools.values() for k in ks))
+        print(f"starting {len(keys)} workers ({', '.join(f'{e}#{i}' for e, i in keys)}) ...", flush=True)
+        t_w = time.perf_counter()
+        system.start_workers(keys)
+        print(f"workers ready in {time.perf_counter() - t_w:.0f}s", flush=True)
+        for arm_name in arm_names:
+            arm = ARMS[arm_name]
+            system.start_gateway(arm)
+            for name, sc, _ in cells:
+                warm, trace = traces[name]
+                t_c = time.perf_counter()
+                res, st = run_trace(system, arm, sc, warm, trace, args.max_tokens)
+                rows[name][arm_name] = [r.row(with_text=r.item.temperature == 0.0) for r in res]
+                starts[name][arm_name] = st
+                s = summarize(rows[name][arm_name])
+                print(f"{name:<8} {arm_name:<9} {s['output_tokens_per_s']:7.1f} tok/s  errors {s['errors']}  "
+                      f"shares {s['pool_shares']}  ({time.perf_counter() - t_c:.0f}s)", flush=True)
+    finally:
+        system.close()
+
+    results = [analyse(name, sc, conc, rows[name], starts[name], args.bins, args.switch_window)
+               for name, sc, conc in cells]
+    report: dict[str, Any] = {
+        "benchmark": "routing",
+        "meta": {"model": model.name, "arms": {a: {p: [f"{e}#{i}" for e, i in ks] for p, ks in ARMS[a].pools.items()}
+                                               for a in arm_names},
+                 "scenarios": scenarios, "concurrency": levels, "requests_per_scenario": args.requests_per_scenario,
+                 "warmup_requests": args.warmup_requests, "max_tokens": args.max_tokens,
+                 "degrade_noise": args.degrade_noise, "seed": args.seed, "threads_per_worker": 1,
+                 "cpu_count": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                 "machine": platform.machine(), "python": platform.python_version(), "time": t_start,
+                 "wall_s": round(time.time() - t_start, 1), "data_dir": str(data_dir()),
+                 "heldout_prompts": len(prompts)},
+        "notes": [
+            "prompts: the engines' held-out split (is_heldout, 10% by id hash) of every source; the classifier "
+            "trained on all English prompt files, so only non-English items are unseen by it as well",
+            "all processes (2 workers x 1 torch thread, gateway, Redis, load generator) share the machine's CPUs",
+            "per cell and arm: statistics deleted, then --warmup-requests unmeasured requests of the first phase",
+        ],
+        "cells": results,
+        "suite": suite_totals({a: r["arms"][a]["summary"] for a in r["arms"]} for r in results),
+    }
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
+    with gzip.open(out / f"{args.name}-requests.jsonl.gz", "wt", encoding="utf-8") as f:
+        for name, by_arm in rows.items():
+            for arm_name, rs in by_arm.items():
+                for r in rs:
+                    f.write(json.dumps({"cell": name, "arm": arm_name, **r}, ensure_ascii=False) + "\n")
+    plot(report, out / f"{args.name}.png")
+    print(table(report))
+    print(f"wrote {out / (args.name + '.json')}, {out / (args.name + '.png')}")
+    return 0

@@ -1,0 +1,211 @@
+"""Metrics of `specroute bench routing` (pure: result rows in, numbers out).
+
+A row is one request as `bench.routing_client.Result.row` writes it: `index` (dispatch order),
+`phase`, `domain`, `temperature`, `t_send` / `t_first` / `t_end` (seconds from the cell's start), `ok`,
+`completion_tokens`, `pool`, `drafted`, `accepted`, `steps` and, at temperature 0, `text`.
+
+- output tokens/s: every completion token over the cell's span (first send to last end);
+- mean accepted length: tokens per verification step over the cell, (accepted + steps) / steps;
+- routing shares and goodput over time: `bins` equal slices of the span; a request's tokens are
+  spread evenly over its streaming time (first token to end), its pool counted at its send time;
+- better pool of a traffic class (domain x temperature bucket) in a phase: the single-pool fleet
+  (all-MTP, all-DFly: the pools the routed arms choose between) whose requests of that class decoded
+  faster (median of completion tokens / streaming time);
+- switch: after a change (S3's drift, S4's fault), the affected traffic is the classes whose better
+  pool (measured after the change) is not the one the built-in default policy sends them to
+  (`DEFAULT_POOLS`: chat -> mtp, code and math -> dfly), i.e. the traffic learning has to move; the
+  switch point is the first affected request from which a window of `window` affected requests has at
+  least 90% on the better pool (0: right away; None: never), counted in affected requests and in all
+  requests since the change.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from bench.routing_trace import temp_bucket
+
+Row = Mapping[str, Any]
+FLEET_POOLS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
+ROUTED_POOLS = ("mtp", "dfly")   # what the static and learned arms route between
+DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.policy.default_policy's choice
+
+
+def default_pools(classes: Iterable[str]) -> dict[str, str]:
+    """class -> the pool the built-in default policy (learning off) sends it to."""
+    return {c: DEFAULT_POOLS.get(c.split("|")[0], "mtp") for c in classes}
+
+
+def pct(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100.0 * (len(s) - 1))))]
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 1)
+
+
+def span(rows: Sequence[Row]) -> float:
+    if not rows:
+        return 0.0
+    return max(r["t_end"] for r in rows) - min(r["t_send"] for r in rows)
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, Any]:
+    ok = [r for r in rows if r["ok"]]
+    wall = span(rows)
+    tokens = sum(r["completion_tokens"] for r in ok)
+    steps = sum(r["steps"] for r in ok)
+    shares: dict[str, float] = defaultdict(float)
+    for r in ok:
+        shares[r["pool"]] += 1.0 / len(ok)
+    return {
+        "requests": len(rows), "errors": len(rows) - len(ok), "output_tokens": tokens, "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+        "ttft_p50_ms": _ms(pct([r["t_first"] - r["t_send"] for r in ok if r["t_first"]], 50)),
+        "ttft_p99_ms": _ms(pct([r["t_first"] - r["t_send"] for r in ok if r["t_first"]], 99)),
+        "e2e_p50_ms": _ms(pct([r["t_end"] - r["t_send"] for r in ok], 50)),
+        "e2e_p99_ms": _ms(pct([r["t_end"] - r["t_send"] for r in ok], 99)),
+        "mean_accepted_length": round((sum(r["accepted"] for r in ok) + steps) / steps, 3) if steps else None,
+        "pool_shares": {p: round(s, 4) for p, s in sorted(shares.items())},
+    }
+
+
+def time_series(rows: Sequence[Row], bins: int) -> dict[str, Any]:
+    """Goodput (tokens/s) and routing shares per time slice."""
+    ok = [r for r in rows if r["ok"]]
+    if not ok:
+        return {"t": [], "goodput": [], "shares": {}}
+    t0 = min(r["t_send"] for r in rows)
+    width = max(span(rows), 1e-9) / bins
+    tokens = [0.0] * bins
+    counts: dict[str, list[float]] = defaultdict(lambda: [0.0] * bins)
+    totals = [0.0] * bins
+    for r in ok:
+        a, b = (r["t_first"] or r["t_send"]) - t0, r["t_end"] - t0
+        n = r["completion_tokens"]
+        if b <= a:
+            tokens[min(bins - 1, int(b / width))] += n
+        else:
+            for i in range(max(0, int(a / width)), min(bins, int(b / width) + 1)):
+                lo, hi = max(a, i * width), min(b, (i + 1) * width)
+                if hi > lo:
+                    tokens[i] += n * (hi - lo) / (b - a)
+        i = min(bins - 1, int((r["t_send"] - t0) / width))
+        counts[r["pool"]][i] += 1
+        totals[i] += 1
+    shares = {p: [round(c[i] / totals[i], 4) if totals[i] else None for i in range(bins)]
+              for p, c in sorted(counts.items())}
+    return {"t": [round((i + 0.5) * width, 3) for i in range(bins)],
+            "goodput": [round(x / width, 2) for x in tokens], "shares": shares}
+
+
+def traffic_class(r: Row) -> str:
+    return f"{r['domain']}|t={temp_bucket(float(r['temperature']))}"
+
+
+def decode_speed(r: Row) -> float | None:
+    dt = r["t_end"] - r["t_first"] if r["t_first"] else 0.0
+    return r["completion_tokens"] / dt if r["ok"] and dt > 0 and r["completion_tokens"] > 1 else None
+
+
+def better_pools(fleets: Mapping[str, Sequence[Row]], phase: int) -> dict[str, str]:
+    """class -> the faster of the fleets' pools in `phase` (fleet arm name -> its rows)."""
+    speeds: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for arm, rows in fleets.items():
+        pool = FLEET_POOLS.get(arm)
+        if pool not in ROUTED_POOLS:
+            continue
+        for r in rows:
+            v = decode_speed(r)
+            if r["phase"] == phase and v is not None:
+                speeds[traffic_class(r)][pool].append(v)
+    out: dict[str, str] = {}
+    for cls, by_pool in speeds.items():
+        if len(by_pool) >= 2:
+            out[cls] = max(by_pool, key=lambda p: statistics.median(by_pool[p]))
+    return out
+
+
+def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, str], after: Mapping[str, str],
+                 window: int = 50, target: float = 0.9) -> dict[str, Any]:
+    """When `target` of the affected traffic (classes whose better pool `after` is not their `baseline`
+    pool) after `change_phase` starts is on its better pool."""
+    affected_classes = sorted(c for c, p in after.items() if baseline.get(c) != p)
+    post = sorted((r for r in rows if r["phase"] >= change_phase), key=lambda r: r["index"])
+    aff = [r for r in post if traffic_class(r) in affected_classes]
+    out: dict[str, Any] = {"affected_classes": {c: after[c] for c in affected_classes}, "affected_requests": len(aff),
+                           "requests_until_90pct": None, "affected_requests_until_90pct": None}
+    if not aff:
+        return out
+    good = [1.0 if r["pool"] == after[traffic_class(r)] else 0.0 for r in aff]
+    w = min(window, len(aff))
+    for j in range(len(aff) - w + 1):
+        if sum(good[j:j + w]) >= target * w - 1e-9:
+            out["affected_requests_until_90pct"] = j
+            out["requests_until_90pct"] = aff[j]["index"] - post[0]["index"]
+            break
+    tail = good[-max(1, len(good) // 4):]
+    out["final_quarter_on_better_pool"] = round(sum(tail) / len(tail), 3)
+    return out
+
+
+def regret(tps: Mapping[str, float]) -> dict[str, Any]:
+    """Per arm: the shortfall against the best arm, in tokens/s and relative."""
+    if not tps:
+        return {}
+    best = max(tps, key=lambda a: tps[a])
+    b = tps[best]
+    return {"best_arm": best, "best_tokens_per_s": b,
+            "regret": {a: {"tokens_per_s": round(b - v, 2), "relative": round(1 - v / b, 4) if b > 0 else None}
+                       for a, v in tps.items()}}
+
+
+def identity(texts: Mapping[str, Mapping[int, str]], reference: str | None = None,
+             max_examples: int = 5) -> dict[str, Any]:
+    """Temperature-0 outputs per arm (index -> text): how many differ from the reference arm's."""
+    arms = [a for a in texts if texts[a]]
+    if len(arms) < 2:
+        return {"compared": 0, "mismatches": 0, "reference": None, "examples": []}
+    ref = reference if reference in arms else arms[0]
+    compared = mismatches = 0
+    examples: list[dict[str, Any]] = []
+    for arm in arms:
+        if arm == ref:
+            continue
+        for i, text in texts[arm].items():
+            if i not in texts[ref]:
+                continue
+            compared += 1
+            if text != texts[ref][i]:
+                mismatches += 1
+                if len(examples) < max_examples:
+                    examples.append({"arm": arm, "index": i, "reference": texts[ref][i][:120], "got": text[:120]})
+    return {"compared": compared, "mismatches": mismatches, "reference": ref, "examples": examples}
+
+
+def suite_totals(cells: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per arm over every cell: total tokens over total wall time; learned vs the best single-pool fleet
+    (all-MTP, all-DFly, all-AR) and vs classifier-static."""
+    tok: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    for cell in cells:
+        for arm, s in cell.items():
+            tok[arm] += s["output_tokens"]
+            wall[arm] += s["wall_s"]
+    tps = {a: round(tok[a] / wall[a], 2) if wall[a] > 0 else 0.0 for a in tok}
+    out: dict[str, Any] = {"output_tokens_per_s": tps}
+    fleets = {a: v for a, v in tps.items() if a in FLEET_POOLS}
+    if "learned" in tps and fleets:
+        best = max(fleets, key=lambda a: fleets[a])
+        out["best_static_arm"] = best
+        out["learned_vs_best_static"] = round(tps["learned"] / fleets[best] - 1, 4) if fleets[best] > 0 else math.nan
+    if "learned" in tps and tps.get("static"):
+        out["learned_vs_classifier_static"] = round(tps["learned"] / tps["static"] - 1, 4)
+    return out

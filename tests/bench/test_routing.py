@@ -1,0 +1,172 @@
+"""`specroute bench routing`: its pure parts (traces, metrics, the 90% switch, regret, identity) on
+synthetic rows, and one tiny end-to-end run (real workers, gateways, Redis) marked e2e."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.routing import cells_of, main, parse_levels, parse_names
+from bench.routing_metrics import (
+    better_pools,
+    default_pools,
+    identity,
+    regret,
+    suite_totals,
+    summarize,
+    switch_point,
+    time_series,
+)
+from bench.routing_trace import SCENARIOS, PromptPool, build_trace, phase_sizes, read_prompts, segments
+from engines.training.data import is_heldout
+from specroute.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def prompts(data_dir: Path):
+    return read_prompts(data_dir)
+
+
+def test_prompts_are_held_out_and_multilingual(prompts):
+    assert prompts and all(is_heldout(p.id) for p in prompts)
+    assert {p.domain for p in prompts} == {"chat", "code", "math"}
+    assert any(p.lang != "en" for p in prompts) and any(p.lang == "en" for p in prompts)
+
+
+def test_traces_follow_their_scenario(prompts):
+    n = 200
+    s1 = build_trace(SCENARIOS["S1"], n, 4, PromptPool(prompts, 0), 0)
+    assert len(s1) == n and [it.index for it in s1] == list(range(n))
+    dom = Counter(it.domain for it in s1)
+    assert 0.7 < (dom["code"] + dom["math"]) / n < 0.9
+    assert {it.temperature for it in s1} == {0.0} and {it.concurrency for it in s1} == {4}
+    s2 = build_trace(SCENARIOS["S2"], n, 4, PromptPool(prompts, 0), 0)
+    assert Counter(it.domain for it in s2)["chat"] / n > 0.7 and {it.temperature for it in s2} == {0.0, 0.7, 1.0}
+    assert SCENARIOS["S3"].requests_factor == SCENARIOS["S4"].requests_factor == 2.0
+    s3 = build_trace(SCENARIOS["S3"], n, 4, PromptPool(prompts, 0), 0)
+    assert [len(seg) for seg in segments(s3)] == [100, 100]
+    assert {it.temperature for it in s3[:100]} == {0.0} and len({it.temperature for it in s3[100:]}) == 3
+    s5 = build_trace(SCENARIOS["S5"], n, 4, PromptPool(prompts, 0), 0)
+    assert [(seg[0].concurrency, len(seg)) for seg in segments(s5)] == [(2, 40), (16, 120), (2, 40)]
+    s6 = build_trace(SCENARIOS["S6"], n, 4, PromptPool(prompts, 0), 0)
+    assert 0.35 < sum(it.lang != "en" for it in s6) / n < 0.65
+    assert len({it.domain for it in s6 if it.lang != "en"}) == 3
+    # deterministic, and warm-up prompts (drawn first from the same pool) are not measured again
+    assert build_trace(SCENARIOS["S6"], n, 4, PromptPool(prompts, 0), 0) == s6
+    pool = PromptPool(prompts, 0)
+    warm = build_trace(SCENARIOS["S1"], 10, 4, pool, 0, phase=0)
+    measured = build_trace(SCENARIOS["S1"], 30, 4, pool, 0)
+    assert not {it.prompt_id for it in warm} & {it.prompt_id for it in measured}
+
+
+def test_phase_sizes_and_cli_parsing():
+    assert phase_sizes(SCENARIOS["S5"], 20) == [4, 12, 4]
+    assert sum(phase_sizes(SCENARIOS["S3"], 7)) == 7
+    assert parse_names("S1, S3", list(SCENARIOS), "scenarios") == ["S1", "S3"]
+    assert parse_levels("4,16") == [4, 16]
+    with pytest.raises(UserError):
+        parse_names("S9", list(SCENARIOS), "scenarios")
+    with pytest.raises(UserError):
+        parse_levels("0")
+    names = [c[0] for c in cells_of(["S1", "S5"], [4, 16])]
+    assert names == ["S1@c4", "S1@c16", "S5"]
+
+
+def row(i: int, pool: str, *, phase: int = 0, domain: str = "code", t: float = 0.0, send: float = 0.0,
+        dur: float = 1.0, tokens: int = 10, accepted: int = 0, steps: int = 10, ok: bool = True, text: str = "x"):
+    return {"index": i, "phase": phase, "domain": domain, "lang": "en", "temperature": t, "concurrency": 1,
+            "t_send": send, "t_first": send + 0.1, "t_end": send + dur, "ok": ok, "completion_tokens": tokens,
+            "pool": pool, "reason": "default", "classified": domain, "drafted": 0, "accepted": accepted,
+            "steps": steps, "text": text}
+
+
+def test_summary_series_and_regret():
+    rows = [row(0, "dfly", send=0.0, dur=1.0, accepted=10, steps=5), row(1, "mtp", send=1.0, dur=1.0, steps=10),
+            row(2, "mtp", send=1.5, ok=False, tokens=0)]
+    s = summarize(rows)
+    assert s["requests"] == 3 and s["errors"] == 1 and s["output_tokens"] == 20
+    assert s["wall_s"] == 2.5 and s["output_tokens_per_s"] == 8.0
+    assert s["mean_accepted_length"] == 1.667   # (10 accepted + 15 steps) / 15 steps
+    assert s["pool_shares"] == {"dfly": 0.5, "mtp": 0.5} and s["ttft_p50_ms"] == 100.0
+    ts = time_series(rows, 5)
+    width = 2.5 / 5
+    assert abs(sum(ts["goodput"]) * width - 20) < 0.1
+    assert ts["shares"]["dfly"][0] == 1.0 and ts["shares"]["mtp"][2] == 1.0 and ts["shares"]["mtp"][1] is None
+    r = regret({"a": 100.0, "b": 90.0})
+    assert r["best_arm"] == "a" and r["regret"]["b"] == {"tokens_per_s": 10.0, "relative": 0.1}
+    suite = suite_totals([{"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10}},
+                          {"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10},
+                           "static": {"output_tokens": 100, "wall_s": 20}}])
+    assert suite["output_tokens_per_s"] == {"all-mtp": 10.0, "learned": 12.0, "static": 5.0}
+    assert suite["best_static_arm"] == "all-mtp" and suite["learned_vs_best_static"] == 0.2
+
+
+def test_better_pools_and_switch_point():
+    # phase 0: dfly decodes code faster; phase 1 (fault): mtp does; chat is mtp's in both phases
+    fleets = {
+        "all-dfly": [row(0, "dfly", dur=0.5), row(1, "dfly", phase=1, dur=2.0),
+                     row(2, "dfly", phase=1, domain="chat", dur=2.0), row(3, "dfly", domain="chat", dur=2.0)],
+        "all-mtp": [row(0, "mtp", dur=1.0), row(1, "mtp", phase=1, dur=1.0),
+                    row(2, "mtp", phase=1, domain="chat", dur=1.0), row(3, "mtp", domain="chat", dur=1.0)],
+        "all-ar": [row(0, "ar", dur=0.1)],   # not a pool the routed arms can choose
+    }
+    before, after = better_pools(fleets, 0), better_pools(fleets, 1)
+    assert before == {"code|t=0": "dfly", "chat|t=0": "mtp"}
+    assert after == {"code|t=0": "mtp", "chat|t=0": "mtp"}
+    # 100 requests before the change; after it, chat (unaffected) alternates with code, whose first
+    # 30 requests still go to dfly, then all go to mtp
+    rows = [row(i, "dfly") for i in range(100)]
+    code_seen = 0
+    for i in range(100, 300):
+        if i % 2:
+            rows.append(row(i, "mtp", phase=1, domain="chat"))
+        else:
+            rows.append(row(i, "dfly" if code_seen < 30 else "mtp", phase=1))
+            code_seen += 1
+    assert default_pools(after) == {"code|t=0": "dfly", "chat|t=0": "mtp"} == before
+    sw = switch_point(rows, 1, default_pools(after), after, window=50)
+    assert sw["affected_classes"] == {"code|t=0": "mtp"} and sw["affected_requests"] == 100
+    # the first window of 50 code requests with >= 45 on mtp starts at the 25th code request
+    assert sw["affected_requests_until_90pct"] == 25 and sw["requests_until_90pct"] == 50
+    assert sw["final_quarter_on_better_pool"] == 1.0
+    never = switch_point([row(i, "dfly", phase=1) for i in range(60)], 1, before, after)
+    assert never["requests_until_90pct"] is None
+    none = switch_point(rows, 1, before, before)
+    assert none["affected_requests"] == 0 and none["requests_until_90pct"] is None
+
+
+def test_identity_counts_mismatches():
+    texts = {"all-ar": {0: "a", 1: "b"}, "learned": {0: "a", 1: "c"}, "all-mtp": {0: "a"}}
+    res = identity(texts, reference="all-ar")
+    assert res["compared"] == 3 and res["mismatches"] == 1 and res["examples"][0]["index"] == 1
+    assert identity({"learned": {0: "a"}})["compared"] == 0
+
+
+@pytest.mark.e2e
+def test_bench_routing_smoke(tmp_path):
+    """Three workers (2 DFly + D-Cut, 1 MTP) on a tiny random bundle, two arms, S4 (the drafter fault
+    through SIGUSR1 / SIGUSR2) with a handful of requests: every file written, no request failed."""
+    from tests.engines.worker.bundle import tiny_bundle
+
+    model = tiny_bundle(tmp_path / "m", drafters=("mtp", "dfly"))
+    out = tmp_path / "out"
+    rc = main(["--model", str(model), "--scenarios", "S4", "--arms", "all-dfly,learned", "--concurrency", "2",
+               "--requests-per-scenario", "3", "--warmup-requests", "2", "--max-tokens", "8", "--out", str(out),
+               "--name", "r"])
+    assert rc == 0
+    doc = json.loads((out / "r.json").read_text())
+    (cell,) = doc["cells"]
+    assert cell["cell"] == "S4@c2" and set(cell["arms"]) == {"all-dfly", "learned"}
+    for res in cell["arms"].values():
+        assert res["summary"]["errors"] == 0 and res["summary"]["output_tokens_per_s"] > 0
+        assert len(res["phase_starts_s"]) == 2
+    assert cell["t0_identity"]["compared"] == 6 and cell["t0_identity"]["mismatches"] == 0
+    assert (out / "r.png").stat().st_size > 1000
+    with gzip.open(out / "r-requests.jsonl.gz", "rt") as f:
+        assert sum(1 for _ in f) == 12
+    logs = (out / "tmp" / "routing-logs" / "worker-dfly-0.log").read_text()
+    assert "drafter degraded" in logs and "drafter restored" in logs
