@@ -24,6 +24,7 @@ from engines.dcut.selection import (
 PROBE_FIRST, PROBE_MAX = 8, 1024    # plain steps between probes: PROBE_FIRST x batch size, doubling
 PROBE_ROWS = 1                      # rows a probe drafts for (the rest of the batch takes a plain step)
 ROW_PRIOR = 4.0                     # pseudo-steps of the fleet average in each row's estimate
+FLEET_DECAY = 0.99                  # per drafted row: the fleet average spans the last ~100 drafted rows
 
 
 @dataclass
@@ -34,9 +35,13 @@ class DcutController:
     batch size, from the cost model: profiled drafting and verify times (scaled by what drafted steps
     measure) and the tokens per row that drafted steps actually emitted. Where it does not pay the
     batcher runs plain decoding steps (the drafter catches up on the committed context at its next
-    pass), with a speculative probe after 32, 64, ... up to 1024 plain steps so that the acceptance
-    estimate stays current. (Measured whole-step rates were tried as the arbiter: one step's time
-    swings with the drafter's catch-up on a new prompt, and the decision flapped.)"""
+    pass), with a speculative probe after 8 x batch size plain steps, doubling up to 1024, so that
+    the acceptance estimate stays current. (Measured whole-step rates were tried as the arbiter: one
+    step's time swings with the drafter's catch-up on a new prompt, and the decision flapped.)
+
+    The fleet average (`tokens_per_row_ema`, the prior of every row's estimate) is a decayed mean over
+    the last ~100 drafted rows, not over the last few steps: at batch 1 the last few steps are the
+    previous request, and a code request must not inherit a chat request's acceptance."""
 
     table: CostTable
     k: int
@@ -47,7 +52,8 @@ class DcutController:
     cost_scale: float = 1.0           # EMA of measured / predicted verify time
     draft_scale: float = 1.0          # EMA of measured / profiled drafting time (steady-state steps)
     kept_fraction_ema: float = 1.0
-    tokens_per_row_ema: float = 0.0   # tokens emitted per row on drafted steps (0: none observed yet)
+    fleet_rows: float = 0.0           # decayed count of drafted rows observed (FLEET_DECAY per row)
+    fleet_tokens: float = 0.0         # decayed sum of the tokens those rows emitted
     skip_drafting: bool = True        # allow plain steps when drafting does not pay
     probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
     probe_rows: int = PROBE_ROWS
@@ -60,6 +66,11 @@ class DcutController:
 
     def __post_init__(self) -> None:
         self.calibration = Calibration.empty(self.k)
+
+    @property
+    def tokens_per_row_ema(self) -> float:
+        """Tokens emitted per row on drafted steps, averaged over the last ~100 drafted rows (0: none yet)."""
+        return self.fleet_tokens / self.fleet_rows if self.fleet_rows > 0 else 0.0
 
     def set_enabled(self, on: bool) -> None:
         with self._lock:
@@ -90,7 +101,11 @@ class DcutController:
         `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
         rotating), which keeps the estimates current at little cost. The probe interval starts at
         `probe_first` x batch size (one row's estimate matters less in a bigger batch) and doubles up
-        to PROBE_MAX while drafting keeps losing; a newly admitted row restarts it."""
+        to PROBE_MAX while drafting keeps losing; a newly admitted row restarts it. A row running
+        alone is probed at once when a plain stretch begins (a new request, or its drafting just
+        stopped paying), then after 8, 16, ... plain steps: there are no other rows' plain steps to
+        spread a probe over (the probe is the step), and it is the row's own acceptance, not the
+        fleet's, that should decide whether that request drafts."""
         bs = len(rows)
         if not self.enabled or not self.skip_drafting or bs <= 0:
             return list(range(bs))
@@ -100,8 +115,9 @@ class DcutController:
         if self.pays(bs, sum(est) / bs):
             self.probe_every.pop(b, None)
             self.plain_run.pop(b, None)
+            self.unmeasured_seen = 0                   # every row drafts now: none stays unmeasured
             return list(range(bs))
-        first = self.probe_first * bs
+        first = self.probe_first * bs if bs > 1 else 0   # alone: the probe is the step, no wait
         unmeasured = [i for i, (steps, _) in enumerate(rows) if steps == 0]
         if unmeasured and self.unmeasured_seen < len(unmeasured):   # a new row: probe it soon
             self.probe_every[b] = min(self.probe_every.get(b, first), first)
@@ -110,7 +126,7 @@ class DcutController:
         every = self.probe_every.get(b, first)
         if n > every:                                  # probe after `every` plain steps
             self.plain_run[b] = 0
-            self.probe_every[b] = min(2 * every, PROBE_MAX)
+            self.probe_every[b] = min(max(2 * every, self.probe_first), PROBE_MAX)
             self.cursor += 1
             order = unmeasured + [(self.cursor + i) % bs for i in range(bs)]
             return sorted(list(dict.fromkeys(order))[:min(self.probe_rows, bs)])
@@ -133,9 +149,10 @@ class DcutController:
         self.calibration = calibrate(self.calibration, raw, keep, accepted)
         self.kept_fraction_ema = 0.95 * self.kept_fraction_ema + 0.05 * kept_fraction
         bs = len(keep)
-        if bs:
-            tpr = 1.0 + sum(accepted) / bs
-            self.tokens_per_row_ema = tpr if self.tokens_per_row_ema == 0.0 else 0.9 * self.tokens_per_row_ema + 0.1 * tpr
+        if bs:   # fleet average: each drafted row counts once, whatever the batch size
+            d = FLEET_DECAY ** bs
+            self.fleet_rows = d * self.fleet_rows + bs
+            self.fleet_tokens = d * self.fleet_tokens + bs + sum(accepted)
         if overhead_ms is not None:
             self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
             predicted = self.table.draft_cost(bs)

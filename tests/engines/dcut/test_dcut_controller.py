@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engines.dcut.controller import DcutController
-from engines.dcut.cost import CostTable
+from engines.dcut.cost import PROFILE_RATIOS, CostTable
 
 
 def test_controller_observe_and_switch():
@@ -64,3 +65,77 @@ def test_rows_that_draft_well_keep_drafting_in_a_batch_that_otherwise_would_not(
     assert ctl.rows_to_draft([(20, 96), (20, 100)]) == [0, 1]   # these two accept almost everything
     # one unlucky step does not switch a good row off: its record is shrunk towards the average
     assert ctl.rows_to_draft([(21, 97), (21, 101)]) == [0, 1]
+
+
+# --- batch 1: one request at a time (issue #16) ------------------------------------------------------
+
+
+def _demo_like_table(K: int = 15) -> CostTable:
+    """The demo bundle's D-Cut profile at batch 1 on one CPU thread: a plain step 6.2 ms, verifying 15
+    drafts 11 ms, one DFly pass 7 ms (batch 2 only so that the table interpolates)."""
+    return CostTable((1, 2), PROFILE_RATIOS, ((6.2, 7.8, 9.1, 11.0, 11.0), (6.3, 8.5, 10.5, 14.7, 14.7)),
+                     K).with_draft_ms((7.0, 8.0))
+
+
+def _serve_alone(ctl: DcutController | None, accept, conf: float, tokens: int = 256, draft_ms: float = 7.0) -> float:
+    """One request running alone, driven the way `Batcher._decode` drives the controller at batch 1.
+    `accept(n)`: drafts the target accepts when n tokens have been emitted (at T=0, what verifying every
+    draft would accept); `ctl=None`: plain DFly (offline). Returns the request's mean accepted length as
+    the worker reports it (plain steps count as steps that accepted nothing)."""
+    K = ctl.k if ctl is not None else 15
+    row = (0, 0)                                     # the batcher's (drafted steps, tokens they emitted)
+    steps = accepted = 0
+    n = 1
+    while n < tokens:
+        k = min(K, tokens - n - 1)
+        if ctl is not None and k > 0 and ctl.rows_to_draft([row]) != [0]:
+            steps, n = steps + 1, n + 1              # a plain step
+            continue
+        keep = k
+        if ctl is not None and k > 0:
+            sel, raw = ctl.select(np.full((1, k), conf), [False])
+            keep = sel.keep[0]
+        a = min(accept(n), keep)
+        if ctl is not None and k > 0:
+            ctl.observe(raw, [keep], [a], keep / K, overhead_ms=draft_ms, verify_ms=sel.cost_ms, sel=sel)
+            row = (row[0] + 1, row[1] + a + 1)
+        steps, accepted, n = steps + 1, accepted + a, n + a + 1
+    return (steps + accepted) / steps
+
+
+def test_a_request_alone_is_not_judged_on_the_previous_requests_acceptance():
+    """Issue #16: at concurrency 1 a code request that followed a chat request whose tail accepted
+    nothing took that tail as its prior (the fleet average was an EMA over the last ~10 drafted steps),
+    ran plain steps with probes 8, 16, 32, ... steps apart and lost ~20% of offline DFly's mean
+    accepted length, though its drafts pay."""
+    ctl = DcutController(_demo_like_table(), 15)
+    _serve_alone(ctl, lambda n: 7, 0.9)                                   # math
+    _serve_alone(ctl, lambda n: 2, 0.6)                                   # chat
+    _serve_alone(ctl, lambda n: 2 if n < 60 else 0, 0.6, tokens=120)      # chat whose tail accepts nothing
+    code = lambda n: 1 if n < 12 else 7                                   # noqa: E731  a slow first line, then 7 a step
+    assert _serve_alone(ctl, code, 0.9) >= 0.9 * _serve_alone(None, code, 0.9)
+
+
+def test_a_hopeless_request_alone_still_falls_back_to_plain_steps():
+    ctl = DcutController(_demo_like_table(), 15)
+    _serve_alone(ctl, lambda n: 7, 0.9)
+    skipped = ctl.skipped_steps
+    assert _serve_alone(ctl, lambda n: 0, 0.3) < 1.1                      # nothing accepted: (almost) all plain
+    assert ctl.skipped_steps - skipped > 200
+
+
+def test_fleet_average_spans_many_rows_and_a_row_alone_is_probed_at_once():
+    ctl = DcutController(_demo_like_table(), 15)
+    for _ in range(100):                                                  # a long history of good rows
+        _spec_step(ctl, np.full((1, 15), 0.9), [7], 7.0)
+    assert ctl.tokens_per_row_ema == pytest.approx(8.0)
+    for _ in range(10):                                                   # one request's bad stretch
+        _spec_step(ctl, np.full((1, 15), 0.3), [0], 7.0)
+    assert ctl.tokens_per_row_ema > 6.5                                   # moves the prior, does not replace it
+    _spec_step(ctl, np.full((32, 15), 0.3), [0] * 32, 7.0)               # a batch of 32 rows weighs 32 rows
+    assert ctl.tokens_per_row_ema < 5.0
+    # alone, a plain stretch starts with a probe (the probe is the step), then waits 8, 16, ... steps
+    bad = (40, 40)
+    assert not ctl.pays(1, 1.0)
+    decisions = [ctl.rows_to_draft([bad]) for _ in range(1 + 8 + 1 + 16 + 1)]
+    assert [i for i, d in enumerate(decisions) if d] == [0, 9, 26]
