@@ -6,7 +6,7 @@ import importlib
 
 from specroute.errors import UserError
 
-BENCHES = ("engine", "acceptance", "dcut", "gateway", "mixed", "routing")
+BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served")
 
 
 def main(argv: list[str]) -> int:
