@@ -1,7 +1,8 @@
 """`specroute bench acceptance`: acceptance and speed of every drafter per domain and temperature.
 
-For each drafter configuration (MTP with k=3; DFlash and DFly at blocks 8 and 16), each domain (chat,
-code, math; held-out prompts the target and drafters never trained on) and each temperature (0, 1), one
+For each drafter configuration (autoregressive ones at k=3 or their maximum, a tree's k being its depth;
+block drafters at blocks 8 and 16), each domain (chat, code, math; held-out prompts the target and
+drafters never trained on) and each temperature (0, 1), one
 request at a time (batch 1):
 
 - mean accepted length per verification step, bonus token included (vLLM's convention),
@@ -306,9 +307,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench acceptance", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="models/demo")
     ap.add_argument("--out", default="bench/results/")
-    ap.add_argument("--drafters", default="mtp,dflash,dfly")
-    ap.add_argument("--blocks", default="8,16", help="block sizes for dflash/dfly")
-    ap.add_argument("--mtp-k", type=int, default=3)
+    ap.add_argument("--drafters", default=",".join(DRAFTERS), help="comma list (default: every registered kind)")
+    ap.add_argument("--blocks", default="8,16", help="block sizes for the block drafters")
+    ap.add_argument("--mtp-k", type=int, default=3, help="autoregressive drafters' k (capped at each one's max)")
     ap.add_argument("--prompts", type=int, default=60, help="prompts per domain at temperature 0")
     ap.add_argument("--prompts-hot", type=int, default=None,
                     help="prompts per domain at temperature > 0 (default: --prompts)")

@@ -35,6 +35,7 @@ from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
+from engines.tree import verify_tree
 from engines.verify import verify_greedy, verify_sample
 from specroute.contracts.stats import AcceptanceStats
 
@@ -239,7 +240,8 @@ class SpecDecoder:
         """ONE target forward over ragged rows [y0, d_1..d_keep]; accept, commit, return the tokens
         emitted per row (accepted drafts + correction/bonus, at least one each). `proposal` rows are in
         the order of the `draft(slots, k)` call that made it; `keep[b]` is clamped to the proposal's
-        width and to the room left in the slot's context."""
+        width and to the room left in the slot's context. A tree proposal (`parents` set) goes to
+        `engines.tree.verify_tree`, where keep bounds the depth of the accepted path."""
         t0 = time.perf_counter()
         B = len(slots)
         states = [self._ready(s) for s in slots]
@@ -250,6 +252,8 @@ class SpecDecoder:
         for s in slots:
             if self.length(s) >= self.max_len:
                 raise ContextFull(f"slot {s}: context of {self.max_len} tokens is full")
+        if proposal is not None and proposal.parents is not None:   # a token tree: depth <= kept
+            return verify_tree(self, slots, states, proposal, kept, t0)
         W = max(kept, default=0)                                     # widest row's drafts
         drafts = proposal.tokens[:, :W].long() if proposal is not None else torch.zeros(B, 0, dtype=torch.long)
         tokens = torch.zeros(B, W + 1, dtype=torch.long)

@@ -132,4 +132,5 @@ def rows_of(proposal: Proposal | None, rows: Sequence[int]) -> Proposal | None:
         return None
     idx = torch.tensor(list(rows), dtype=torch.long)
     return Proposal(proposal.tokens[idx], proposal.conf[idx],
-                    proposal.probs[idx] if proposal.probs is not None else None)
+                    proposal.probs[idx] if proposal.probs is not None else None,
+                    proposal.parents[idx] if proposal.parents is not None else None)

@@ -47,6 +47,8 @@ class Proposal:
     conf: Tensor                # [B, k] draft probability of each drafted token (D-Cut scores)
     probs: Tensor | None = None  # [B, k, V] draft distributions if drafts were sampled, else None
                                  # (None means greedy drafting: q is one-hot at `tokens`)
+    parents: Tensor | None = None  # [B, k] tree drafts (`engines/tree.py`): parent of each node
+                                   # (-1: y0; parents precede children); None: a chain
 
 
 class Drafter(nn.Module):

@@ -58,6 +58,9 @@ class DraftConfig(BaseModel):
     num_draft: int = 3                                           # mtp: default chain length k
     fusion: bool = False                                         # per-layer blend of target layers (dfly)
     correction_intermediate_size: int = 0                       # dfly: correction head width (0 = none)
+    markov_rank: int = Field(default=0, ge=0)                    # dspark: rank of the bigram logit bias
+    tree_topk: int = Field(default=0, ge=0)                      # tree drafters: children per expanded node
+    tree_nodes: int = Field(default=0, ge=0)                     # tree drafters: nodes verified per step
     draft_vocab_size: int = Field(default=0, ge=0)               # drafting head rows (0 = full vocabulary)
     target_fingerprint: str | None = None
     torch_dtype: str = "bfloat16"

@@ -90,12 +90,9 @@ class MTPDrafter(Drafter):
         return kv_fn
 
     # --- drafting --------------------------------------------------------------------------------
-    @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        B = ctx.slots.shape[0]
-        if k <= 0:
-            return empty_proposal(B)
+    def ingest(self, ctx: DraftContext) -> Tensor:
+        """Write the newly committed entries into the cache -> each row's output at n-1 [B, H] (the
+        one that predicts d_1; a row re-drafted without new context reuses its stored output)."""
         feats = ctx.feats.to(next(self.parameters()).dtype)
         fresh = ctx.valid.any(1)                     # rows with newly committed positions
         if bool(fresh.any()):
@@ -103,8 +100,15 @@ class MTPDrafter(Drafter):
                             self._cache_kv(ctx.slots, ctx.positions, ctx.valid))
             last = last_valid_index(ctx.valid[fresh])
             self.last_out[ctx.slots[fresh]] = out[fresh][torch.arange(len(last)), last]
-        # a row re-drafted without new context reuses its committed output at n-1
-        h = self.last_out[ctx.slots][:, None]        # [B, 1, H] output at position n-1
+        return self.last_out[ctx.slots]
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        B = ctx.slots.shape[0]
+        if k <= 0:
+            return empty_proposal(B)
+        h = self.ingest(ctx)[:, None]                # [B, 1, H] output at position n-1
         pos = (ctx.start - 1)[:, None]               # [B, 1]
         toks, confs, probs = [], [], []
         ones = torch.ones(B, 1, dtype=torch.bool)

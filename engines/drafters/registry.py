@@ -17,8 +17,11 @@ from pydantic import ValidationError
 
 from engines.drafters.base import Drafter
 from engines.drafters.config import DraftConfig, target_fingerprint
+from engines.drafters.dflare import DFlareDrafter
 from engines.drafters.dflash import DFlashDrafter
 from engines.drafters.dfly import DFlyDrafter
+from engines.drafters.dspark import DSparkDrafter
+from engines.drafters.eagle3 import Eagle3Drafter
 from engines.drafters.mtp import MTPDrafter
 from engines.model import Transformer
 from specroute.errors import UserError
@@ -27,6 +30,9 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "mtp": MTPDrafter,
     "dflash": DFlashDrafter,
     "dfly": DFlyDrafter,
+    "dflare": DFlareDrafter,
+    "dspark": DSparkDrafter,
+    "eagle3": Eagle3Drafter,
 }
 
 

@@ -31,7 +31,17 @@ pytestmark = pytest.mark.e2e
 
 BUNDLE = Path(__file__).resolve().parents[2] / "models" / "demo"
 N_PROMPTS, N_TOKENS = 50, 128
-CONFIGS = [("mtp", None, 3), ("dflash", 16, 15), ("dfly", 8, 7)]   # + dfly block 16 in the batched test
+
+def _configs() -> list[tuple[str, int | None, int | None]]:
+    """Every registered drafter: autoregressive ones at their own maximum depth (k None), block drafters
+    at block 16; plus DFly at block 8 (dfly block 16 also runs in the batched test)."""
+    from engines.drafters.registry import DRAFTERS
+
+    return [(kind, None if cls.autoregressive else 16, None if cls.autoregressive else 15)
+            for kind, cls in DRAFTERS.items()] + [("dfly", 8, 7)]
+
+
+CONFIGS = _configs()
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +110,12 @@ def _spec_greedy(dec: SpecDecoder, slots: list[int], prompts: list[list[int]], k
     return [outs[s][:N_TOKENS] for s in slots]
 
 
-@pytest.mark.parametrize(("kind", "block", "k"), CONFIGS, ids=[f"{c[0]}-{c[2]}" for c in CONFIGS])
+@pytest.mark.parametrize(("kind", "block", "k"), CONFIGS, ids=[f"{c[0]}-{c[2] or 'max'}" for c in CONFIGS])
 def test_greedy_speculative_equals_greedy_decoding(bundle, prompts, greedy_refs, kind, block, k):
     target, _ = bundle
-    dec = SpecDecoder(target, _drafter(kind, block, target), 1, target.config.max_position_embeddings)
+    drafter = _drafter(kind, block, target)
+    k = k or drafter.max_draft
+    dec = SpecDecoder(target, drafter, 1, target.config.max_position_embeddings)
     ties, total = 0, AcceptanceStats()
     for i, (ids, ref) in enumerate(zip(prompts, greedy_refs, strict=True)):
         got, st = _spec_one(dec, ids, k)
@@ -162,9 +174,19 @@ def _chi2_pvalue(observed: list[float], expected: list[float]) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-@pytest.mark.parametrize(("kind", "block", "k", "sample_drafts"),
-                         [("mtp", None, 2, False), ("dfly", 16, 2, False), ("dflash", 16, 2, True)],
-                         ids=["mtp", "dfly", "dflash-sampled-drafts"])
+def _hot_configs() -> list[tuple[str, int | None, int, bool]]:
+    """Every registered drafter with greedy drafts, plus DFlash with drafts sampled from q."""
+    from engines.drafters.registry import DRAFTERS
+
+    return [(kind, None if cls.autoregressive else 16, 2, False) for kind, cls in DRAFTERS.items()] \
+        + [("dflash", 16, 2, True)]
+
+
+HOT = _hot_configs()
+
+
+@pytest.mark.parametrize(("kind", "block", "k", "sample_drafts"), HOT,
+                         ids=[c[0] + ("-sampled-drafts" if c[3] else "") for c in HOT])
 def test_sampled_first_tokens_follow_the_target_distribution(bundle, kind, block, k, sample_drafts):
     target, tok = bundle
     temperature, top_p, n = 1.0, 0.95, 2000

@@ -6,11 +6,15 @@ from engines.drafters.base import Drafter
 from engines.training.losses.base import Objective, StepOut
 from engines.training.losses.block import BlockObjective
 from engines.training.losses.chain import ChainObjective
+from engines.training.losses.eagle import EagleObjective
+from engines.training.losses.spark import SparkObjective
 from specroute.errors import UserError
 
 OBJECTIVES: dict[str, Objective] = {
     "chain": ChainObjective(),
     "block": BlockObjective(),
+    "spark": SparkObjective(),
+    "eagle": EagleObjective(),
 }
 
 __all__ = ["OBJECTIVES", "Objective", "StepOut", "objective_for"]
