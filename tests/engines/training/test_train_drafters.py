@@ -160,6 +160,10 @@ def test_tiny_pipeline_trains_reports_and_loads(bundle, kind, tmp_path_factory):
     assert s["heldout"] and all(v["mean_tau"] >= 1.0 for v in s["heldout"].values())
     saved = json.loads((bundle / "drafters" / kind / f"train_{kind}.json").read_text())
     assert saved["history"] and saved["recipe"]["data"]["sequences"] > 0
+    # the default recipe: greedy + sampled (T=0.8) answers, soft objective, T=1 acceptance reported
+    assert "sampled at T=0.8" in saved["recipe"]["data"]["source"]
+    assert "LK vs the target's full distribution" in saved["recipe"]["objective"]
+    assert all("mean_tau_t1" in v for v in s["heldout"].values())
     from engines.model import load_model
 
     load_drafter(kind, bundle, load_model(bundle))
