@@ -48,6 +48,9 @@ class DcutController:
     draft_scale: float = 1.0          # EMA of measured / profiled drafting time (steady-state steps)
     kept_fraction_ema: float = 1.0
     tokens_per_row_ema: float = 0.0   # tokens emitted per row on drafted steps (0: none observed yet)
+    # the same per temperature bucket (specroute.contracts.context.temperature_bucket: "0", "low",
+    # "high"): rows sampling at T=1 accept far less than greedy ones, so a row's prior is its bucket's
+    tokens_by_bucket: dict = field(default_factory=dict)
     skip_drafting: bool = True        # allow plain steps when drafting does not pay
     probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
     probe_rows: int = PROBE_ROWS
@@ -82,10 +85,18 @@ class DcutController:
         plain = self.table.cost(bs, 0.0) * self.cost_scale
         return drafting_pays(bs * tpr, verify, self.draft_ms(bs), bs, plain)
 
-    def rows_to_draft(self, rows: Sequence[tuple[int, int]]) -> list[int]:
+    def row_prior(self, bucket: str | None) -> float:
+        """Tokens per drafted step a row of temperature `bucket` starts from: its bucket's average,
+        else the fleet's, else an optimistic half of the drafts accepted."""
+        return (self.tokens_by_bucket.get(bucket, 0.0) if bucket is not None else 0.0) \
+            or self.tokens_per_row_ema or 1.0 + 0.5 * self.k
+
+    def rows_to_draft(self, rows: Sequence[tuple[int, int]],
+                      buckets: Sequence[str] | None = None) -> list[int]:
         """Which running rows this step drafts for, given each row's (drafted steps, tokens those steps
-        emitted). A row's tokens per drafted step is its own record shrunk towards the fleet average
-        (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a good row off. All rows draft
+        emitted) and temperature bucket. A row's tokens per drafted step is its own record shrunk
+        towards its bucket's average (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a
+        good row off and a new T=1 row does not inherit what greedy rows accept. All rows draft
         where that pays for the batch; none (a plain step) where it does not, except every
         `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
         rotating), which keeps the estimates current at little cost. The probe interval starts at
@@ -94,8 +105,8 @@ class DcutController:
         bs = len(rows)
         if not self.enabled or not self.skip_drafting or bs <= 0:
             return list(range(bs))
-        prior = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
-        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for steps, tokens in rows]
+        priors = [self.row_prior(buckets[i] if buckets is not None else None) for i in range(bs)]
+        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for (steps, tokens), prior in zip(rows, priors, strict=True)]
         b = bs_bucket(bs)
         if self.pays(bs, sum(est) / bs):
             self.probe_every.pop(b, None)
@@ -127,7 +138,7 @@ class DcutController:
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
                 overhead_ms: float | None = None, verify_ms: float | None = None,
-                sel: Selection | None = None) -> None:
+                sel: Selection | None = None, buckets: Sequence[str] | None = None) -> None:
         """After a drafted step. `overhead_ms` (the drafting part) should be passed only for
         steady-state steps, not ones where the drafter caught up on a long backlog of context."""
         self.calibration = calibrate(self.calibration, raw, keep, accepted)
@@ -136,6 +147,11 @@ class DcutController:
         if bs:
             tpr = 1.0 + sum(accepted) / bs
             self.tokens_per_row_ema = tpr if self.tokens_per_row_ema == 0.0 else 0.9 * self.tokens_per_row_ema + 0.1 * tpr
+        for b in set(buckets or ()):
+            acc = [a for a, rb in zip(accepted, buckets or (), strict=True) if rb == b]
+            tpr = 1.0 + sum(acc) / len(acc)
+            old = self.tokens_by_bucket.get(b, 0.0)
+            self.tokens_by_bucket[b] = tpr if old == 0.0 else 0.9 * old + 0.1 * tpr
         if overhead_ms is not None:
             self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
             predicted = self.table.draft_cost(bs)
