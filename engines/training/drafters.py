@@ -122,10 +122,12 @@ class Run:
 
 def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path | None = None,
                   resume: bool = True, stop_after: int | None = None, budget_s: float | None = None,
-                  max_steps: int | None = None, **overrides: object) -> dict:
+                  max_steps: int | None = None, init_from: Path | None = None, **overrides: object) -> dict:
     """Train `kind` for the bundle in `out_dir`; `stop_after` ends this run early at that step (after
     a checkpoint), as an interruption would; a later call resumes. `budget_s` / `max_steps` override
-    the preset's wall-time budget and step cap, `overrides` other recipe fields (`loss`, ...)."""
+    the preset's wall-time budget and step cap, `overrides` other recipe fields (`loss`, ...).
+    `init_from`: a bundle whose trained `kind` drafter (same shape) the run starts from instead of a
+    fresh initialisation (fine-tuning an existing drafter on a new objective or data mix)."""
     objective = objective_for(drafter_class(kind))
     p = resolve_preset(preset, budget_s, max_steps, **overrides)
     out_dir = Path(out_dir)
@@ -145,6 +147,8 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
         raise UserError("no training prompts fit the preset's prompt length")
 
     drafter = new_drafter(kind, target, **objective.drafter_config(p, tok.mask_id, layers)).train()
+    if init_from is not None:
+        warm_start(drafter, Path(init_from), target)
     run = Run(drafter, p, (data, feats), (held, held_feats), work / f"{kind}.ckpt.pt")
     if resume and run.ckpt.is_file():
         run.restore()
@@ -160,6 +164,19 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
     report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds)
     (dest / f"train_{kind}.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> None:
+    """Copy the weights of `bundle`'s trained drafter of the same kind (the draft vocabulary is not
+    copied: training sets its own)."""
+    from engines.drafters.registry import load_drafter
+
+    src = load_drafter(drafter.kind, bundle, drafter.target)
+    state = {k: v for k, v in src.state_dict().items() if k != "draft_vocab"}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if [k for k in missing if k != "draft_vocab"] or unexpected:
+        raise UserError(f"{bundle}: its {drafter.kind} drafter does not match this recipe's shape")
+    print(f"{drafter.kind}: starting from the drafter in {bundle}")
 
 
 def main(argv: list[str] | None = None) -> int:
