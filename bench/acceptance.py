@@ -2,8 +2,8 @@
 
 For each drafter configuration (autoregressive ones at k=3 or their maximum, a tree's k being its depth;
 block drafters at blocks 8 and 16), each domain (chat, code, math; held-out prompts the target and
-drafters never trained on) and each temperature (0, 1), one
-request at a time (batch 1):
+drafters never trained on) and each temperature (0, 0.7, 1; the same prompts at each), one request at
+a time (batch 1), drafts sampled from the drafter at T > 0 (`--no-sample-drafts`: greedy drafts):
 
 - mean accepted length per verification step, bonus token included (vLLM's convention),
 - per-position acceptance rates (steps accepting draft i / steps),
@@ -184,7 +184,7 @@ def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks:
 def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
         prompts: dict[str, list[list[int]]], temperatures: list[float], max_tokens: int,
         prompts_hot: int, seed: int, log=print, domains: tuple[str, ...] = DOMAINS,
-        time_budget_s: float | None = None, sample_drafts: bool = False) -> list[AcceptanceRow]:
+        time_budget_s: float | None = None, sample_drafts: bool = True) -> list[AcceptanceRow]:
     """Every (temperature, domain) cell; with a time budget, each cell gets an equal share and stops
     taking new prompts when its share is spent (the rows report how many prompts were measured)."""
     max_len = target.config.max_position_embeddings
@@ -313,14 +313,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=60, help="prompts per domain at temperature 0")
     ap.add_argument("--prompts-hot", type=int, default=None,
                     help="prompts per domain at temperature > 0 (default: --prompts)")
-    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--temperatures", default="0,0.7,1")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--domains", default=",".join(DOMAINS))
-    ap.add_argument("--sample-drafts", action="store_true",
-                    help="at temperature > 0, drafters sample drafts from q (default: greedy drafts)")
+    ap.add_argument("--sample-drafts", action=argparse.BooleanOptionalAction, default=True,
+                    help="at temperature > 0, drafters sample drafts from q (default; --no-sample-drafts: greedy)")
     ap.add_argument("--time-budget", type=float, default=None,
                     help="seconds for the whole run; each (temperature, domain) cell gets an equal share")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",

@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as raw text, without the chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--sample-drafts", action="store_true",
-                   help="at temperature > 0, sample drafts from the drafter's distribution (else greedy drafts)")
+    p.add_argument("--sample-drafts", action=argparse.BooleanOptionalAction, default=True,
+                   help="at temperature > 0, sample drafts from the drafter's distribution (default; "
+                        "--no-sample-drafts: greedy drafts, q one-hot)")
     return p
 
 

@@ -68,7 +68,7 @@ def load_engine(kind: str, model_dir: str | Path, block_size: int | None = None)
 
 
 def new_decoder(engine: LoadedEngine, num_slots: int, max_len: int | None = None, prefill_chunk: int = 256,
-                sample_drafts: bool = False) -> SpecDecoder:
+                sample_drafts: bool = True) -> SpecDecoder:
     """A `SpecDecoder` with `num_slots` cache slots of `max_len` tokens (default: the model's context)."""
     return SpecDecoder(engine.target, engine.drafter, num_slots, int(max_len or engine.max_context),
                        prefill_chunk=prefill_chunk, sample_drafts=sample_drafts)

@@ -87,10 +87,17 @@ class SpecDecoder:
     """Target KV cache + per-slot state for batched speculative (or plain) decoding."""
 
     def __init__(self, target: Transformer, drafter: Drafter | None, num_slots: int, max_len: int,
-                 prefill_chunk: int = 256, sample_drafts: bool = False) -> None:
-        """sample_drafts: when every row of a `draft` call samples (T > 0) with the same temperature and
-        top-p, the drafter samples its drafts from its own distribution q (kept for the ratio test) instead
-        of drafting greedily: both are lossless, sampling accepts more when the target's entropy is high."""
+                 prefill_chunk: int = 256, sample_drafts: bool = True) -> None:
+        """sample_drafts (the default): when every row of a `draft` call samples (T > 0) with the same
+        temperature and top-p, the drafter samples its drafts from its own distribution q at that
+        temperature and top-p (kept for the ratio test and the residual) instead of drafting greedily.
+        Both are lossless (tests/engines/test_verify.py, test_lossless.py); a sampled draft is accepted
+        with probability sum min(p, q) = 1 - TV(p, q) against p(argmax q) for a greedy one, which is
+        what drafters distilled on the target's distribution are trained to maximise. Block drafters
+        sample every slot from its own q (DFlash: q_i given the block context; DFly: q_i also given the
+        sampled predecessor), so q_i is exactly the distribution d_i was drawn from given everything
+        before it, which is all the ratio test and the residual need. Rows of mixed temperatures draft
+        greedily (one drafter call per step)."""
         if drafter is not None and drafter.target is not target:
             raise DrafterMismatch("drafter was built for a different target model")
         self.target = target

@@ -26,6 +26,7 @@ from engines.dcut.controller import DcutController
 from engines.dcut.selection import Selection, prefix_scores
 from engines.drafters.base import Proposal
 from engines.spec import SpecDecoder
+from specroute.contracts.context import temperature_bucket
 
 
 @dataclass
@@ -57,7 +58,7 @@ def decode_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int]
     k = max(0, min(k_max, max(remaining) - 1))
     picked = list(range(len(slots)))
     if k > 0 and dcut is not None and not any(forced):
-        picked = dcut.rows_to_draft(records)         # all rows, none (a plain step) or a cheap probe
+        picked = dcut.rows_to_draft(records, buckets_of(decoder, slots))   # all, none (plain step) or a probe
     if not picked:
         k = 0
     elif k > 0 and len(picked) < len(slots):
@@ -88,7 +89,8 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
     if sel is not None and raw is not None and dcut is not None:
         steady = decoder.last_ingest <= 2 * k_max + 2     # not a catch-up on a long backlog
         dcut.observe(raw, keep, [len(o) - 1 for o in out], kept_fraction or 0.0,
-                     overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel)
+                     overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel,
+                     buckets=buckets_of(decoder, slots))
     return StepResult(out, keep, kept_fraction, [i for i, kp in enumerate(keep) if kp > 0],
                       sel.kept_fraction if sel is not None else 1.0, len(groups) - 1)
 
@@ -108,9 +110,20 @@ def probe_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int],
         if g:
             for i, o in zip(g, decoder.verify([slots[i] for i in g], prop, [keep[i] for i in g]), strict=True):
                 out[i] = o
+    buckets = buckets_of(decoder, slots)
     dcut.observe(prefix_scores(sub.conf.detach().float().cpu().numpy()), [keep[i] for i in picked],
-                 [len(out[i]) - 1 for i in picked], 1.0)
+                 [len(out[i]) - 1 for i in picked], 1.0,
+                 buckets=[buckets[i] for i in picked] if buckets is not None else None)
     return StepResult(out, keep, None, list(picked), probe=True)
+
+
+def buckets_of(decoder: SpecDecoder, slots: Sequence[int]) -> list[str] | None:
+    """Each row's temperature bucket (the routing context's: "0", "low", "high"); None for a decoder
+    without per-slot sampling state (test doubles)."""
+    states = getattr(decoder, "slots", None)
+    if states is None or any(s not in states for s in slots):
+        return None
+    return [temperature_bucket(states[s].params.temperature) for s in slots]
 
 
 def verify_groups(decoder: SpecDecoder, slots: list[int], proposal: Proposal | None, keep: list[int],

@@ -54,6 +54,10 @@ class DcutController:
     kept_fraction_ema: float = 1.0
     fleet_rows: float = 0.0           # decayed count of drafted rows observed (FLEET_DECAY per row)
     fleet_tokens: float = 0.0         # decayed sum of the tokens those rows emitted
+    # the same per temperature bucket (specroute.contracts.context.temperature_bucket: "0", "low",
+    # "high"): rows sampling at T=1 accept far less than greedy ones, so a row's prior is its bucket's
+    bucket_rows: dict[str, float] = field(default_factory=dict)
+    bucket_tokens: dict[str, float] = field(default_factory=dict)
     skip_drafting: bool = True        # allow plain steps when drafting does not pay
     probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
     probe_rows: int = PROBE_ROWS
@@ -93,10 +97,19 @@ class DcutController:
         plain = self.table.cost(bs, 0.0) * self.cost_scale
         return drafting_pays(bs * tpr, verify, self.draft_ms(bs), bs, plain)
 
-    def rows_to_draft(self, rows: Sequence[tuple[int, int]]) -> list[int]:
+    def row_prior(self, bucket: str | None) -> float:
+        """Tokens per drafted step a row of temperature `bucket` starts from: its bucket's average,
+        else the fleet's, else an optimistic half of the drafts accepted."""
+        rows = self.bucket_rows.get(bucket, 0.0) if bucket is not None else 0.0
+        return (self.bucket_tokens[bucket] / rows if rows > 0 else 0.0) or self.tokens_per_row_ema \
+            or 1.0 + 0.5 * self.k
+
+    def rows_to_draft(self, rows: Sequence[tuple[int, int]],
+                      buckets: Sequence[str] | None = None) -> list[int]:
         """Which running rows this step drafts for, given each row's (drafted steps, tokens those steps
-        emitted). A row's tokens per drafted step is its own record shrunk towards the fleet average
-        (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a good row off. All rows draft
+        emitted) and temperature bucket. A row's tokens per drafted step is its own record shrunk
+        towards its bucket's average (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a
+        good row off and a new T=1 row does not inherit what greedy rows accept. All rows draft
         where that pays for the batch; none (a plain step) where it does not, except every
         `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
         rotating), which keeps the estimates current at little cost. The probe interval starts at
@@ -109,8 +122,8 @@ class DcutController:
         bs = len(rows)
         if not self.enabled or not self.skip_drafting or bs <= 0:
             return list(range(bs))
-        prior = self.tokens_per_row_ema or 1.0 + 0.5 * self.k
-        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for steps, tokens in rows]
+        priors = [self.row_prior(buckets[i] if buckets is not None else None) for i in range(bs)]
+        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for (steps, tokens), prior in zip(rows, priors, strict=True)]
         b = bs_bucket(bs)
         if self.pays(bs, sum(est) / bs):
             self.probe_every.pop(b, None)
@@ -143,7 +156,7 @@ class DcutController:
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
                 overhead_ms: float | None = None, verify_ms: float | None = None,
-                sel: Selection | None = None) -> None:
+                sel: Selection | None = None, buckets: Sequence[str] | None = None) -> None:
         """After a drafted step. `overhead_ms` (the drafting part) should be passed only for
         steady-state steps, not ones where the drafter caught up on a long backlog of context."""
         self.calibration = calibrate(self.calibration, raw, keep, accepted)
@@ -153,6 +166,11 @@ class DcutController:
             d = FLEET_DECAY ** bs
             self.fleet_rows = d * self.fleet_rows + bs
             self.fleet_tokens = d * self.fleet_tokens + bs + sum(accepted)
+        for b in set(buckets or ()):   # the same per temperature bucket
+            acc = [a for a, rb in zip(accepted, buckets or (), strict=True) if rb == b]
+            d = FLEET_DECAY ** len(acc)
+            self.bucket_rows[b] = d * self.bucket_rows.get(b, 0.0) + len(acc)
+            self.bucket_tokens[b] = d * self.bucket_tokens.get(b, 0.0) + len(acc) + sum(acc)
         if overhead_ms is not None:
             self.overhead_ms = overhead_ms if self.overhead_ms == 0.0 else 0.9 * self.overhead_ms + 0.1 * overhead_ms
             predicted = self.table.draft_cost(bs)

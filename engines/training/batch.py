@@ -2,7 +2,8 @@
 
 A batch holds what the drafter itself would read at inference: `drafter.features()` applied to the
 cached target forward (final hidden and captured layers) of each sequence, so every kind trains on
-its own feature source.
+its own feature source; and the target's final hidden state (`teacher`), from which the soft-target
+losses compute the target's next-token distribution at every position.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from engines.drafters.base import Drafter
 from engines.drafters.config import target_fingerprint
 from engines.model import ForwardOut, Transformer
 from engines.tokenizer import Tokenizer
-from engines.training.distill import DistillSet, Features, build_set, cached_data, pick_prompts, set_key
+from engines.training.data import DOMAINS
+from engines.training.distill import (
+    DistillSet,
+    Features,
+    build_set,
+    cached_data,
+    concat,
+    pick_prompts,
+    set_key,
+)
 from engines.training.recipe import DrafterPreset
 from specroute.errors import UserError
 
@@ -29,6 +39,7 @@ class Batch:
     feats: Tensor        # [B, S, F] the drafter's features of each position
     lengths: Tensor      # [B]
     prompt_lens: Tensor  # [B]
+    teacher: Tensor | None = None   # [B, S, H] target's final hidden: row j -> p(x_{j+1} | x_<=j)
 
 
 def cached_forward(feats: Features, i: int, capture: Sequence[int]) -> ForwardOut:
@@ -41,26 +52,42 @@ def cached_forward(feats: Features, i: int, capture: Sequence[int]) -> ForwardOu
     return ForwardOut(feats.final[rows][None], [layers[feats.layers.index(layer)][None] for layer in capture])
 
 
-def make_batch(data: DistillSet, feats: Features, idx: list[int], drafter: Drafter) -> Batch:
+def make_batch(data: DistillSet, feats: Features, idx: list[int], drafter: Drafter, teacher: bool = False) -> Batch:
+    """Sequences `idx` padded to the longest; with `teacher`, also their final hidden states."""
     lens = [len(data.tokens[i]) for i in idx]
     S = max(lens)
     rows = [drafter.features(cached_forward(feats, i, drafter.capture_layers))[0] for i in idx]  # [T, F] each
     tokens = torch.zeros(len(idx), S, dtype=torch.long)
     out = torch.zeros(len(idx), S, rows[0].shape[-1])
+    final = torch.zeros(len(idx), S, feats.final.shape[1]) if teacher else None
     for r, i in enumerate(idx):
         tokens[r, :lens[r]] = torch.tensor(data.tokens[i])
         out[r, :lens[r]] = rows[r].float()
-    return Batch(tokens, out, torch.tensor(lens), torch.tensor([data.prompt_lens[i] for i in idx]))
+        if final is not None:
+            final[r, :lens[r]] = feats.final[feats.rows(i)].float()
+    return Batch(tokens, out, torch.tensor(lens), torch.tensor([data.prompt_lens[i] for i in idx]), final)
 
 
 def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Path, layers: list[int]
                  ) -> tuple[DistillSet, Features, DistillSet, Features]:
-    """Train and held-out sets with their features (`layers` captured), cached under `work`."""
+    """Train and held-out sets with their features (`layers` captured), cached under `work`. The train
+    set is the greedy answers to the train prompts plus, for the first `sampled_fraction` of each
+    domain's prompts, answers sampled at `sampled_temperature` (cached apart, so the greedy set is
+    shared by recipes that differ only in the mix). The held-out set stays greedy (T=0 reporting)."""
     fp = target_fingerprint(target)
     key = set_key(fp, p.per_domain, p.max_prompt, p.max_new, p.seed, layers)
-    train, train_f = cached_data(work / f"selfdistill_{key}", lambda: build_set(
-        target, tok, pick_prompts("train", p.per_domain, p.seed), p.max_prompt, p.max_new, p.gen_batch,
-        layers, "self-distill (train prompts)"))
+    prompts = pick_prompts("train", p.per_domain, p.seed)
+    parts = [cached_data(work / f"selfdistill_{key}", lambda: build_set(
+        target, tok, prompts, p.max_prompt, p.max_new, p.gen_batch, layers, "self-distill (train prompts)"))]
+    n_sampled = round(p.sampled_fraction * p.per_domain)
+    if n_sampled:
+        some = [q for d in DOMAINS for q in [q for q in prompts if q.domain == d][:n_sampled]]
+        skey = set_key(key, n_sampled, p.sampled_temperature)
+        parts.append(cached_data(work / f"selfdistill_sampled_{skey}", lambda: build_set(
+            target, tok, some, p.max_prompt, p.max_new, p.gen_batch, layers,
+            f"self-distill (train prompts, sampled at T={p.sampled_temperature:g})", p.sampled_temperature,
+            p.seed)))
+    train, train_f = concat(parts)
     hkey = set_key(fp, p.heldout_per_domain, p.max_prompt, p.max_new, p.seed, layers)
     held, held_f = cached_data(work / f"heldout_{hkey}", lambda: build_set(
         target, tok, pick_prompts("heldout", p.heldout_per_domain, p.seed), p.max_prompt, p.max_new,

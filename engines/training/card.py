@@ -24,6 +24,16 @@ from engines.training.data import DOMAINS, load_prompts
 DEMO_FLAGS = {"mtp": "--budget 1500 --steps 2400"}   # how models/demo's drafters differ from the preset
 
 
+def drafter_preset(bundle: Path, kind: str) -> str:
+    """The preset that reproduces the bundle's `kind` drafter: `demo-ce` for one trained before the
+    soft objective existed (its recorded recipe has no `loss`, or CE), else `demo`."""
+    path = Path(bundle) / "drafters" / kind / f"train_{kind}.json"
+    if not path.is_file():
+        return "demo"
+    recipe = json.loads(path.read_text()).get("recipe", {}).get("preset", {})
+    return "demo-ce" if recipe.get("loss", "ce") == "ce" else "demo"
+
+
 @torch.no_grad()
 def decode_step_ms(model: Transformer, tokens_per_step: int, batch: int = 1, prompt: int = 128,
                    reps: int = 21) -> float:
@@ -82,8 +92,8 @@ def render_card(bundle: Path) -> str:
         "```bash",
         "specroute train tokenizer --out models/demo",
         "specroute train target --preset demo --out models/demo",
-        *[f"specroute train {k} --preset demo {DEMO_FLAGS.get(k, '')}".rstrip() + " --out models/demo"
-          for k in DRAFTERS],
+        *[f"specroute train {k} --preset {drafter_preset(bundle, k)} {DEMO_FLAGS.get(k, '')}".rstrip()
+          + " --out models/demo" for k in DRAFTERS],
         "specroute train draft-vocab --size 2048 --out models/demo",
         "specroute train card --out models/demo      # this file",
         "```",

@@ -22,6 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=float, default=None,
                     help="drafters: wall-time budget in seconds (overrides the preset's)")
     ap.add_argument("--steps", type=int, default=None, help="drafters: step cap (overrides the preset's)")
+    ap.add_argument("--loss", choices=("ce", "kl", "tv", "lk"), default=None,
+                    help="drafters: objective against the target (default: the preset's; demo: lk)")
+    ap.add_argument("--distill-temps", default=None,
+                    help="drafters: training temperatures of the soft objective, comma-separated (e.g. 0.7,1)")
+    ap.add_argument("--sampled-fraction", type=float, default=None,
+                    help="drafters: share of train prompts also answered by sampling at T=0.8 (0 = greedy only)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="drafters: start from the trained drafter of this bundle (fine-tune) instead of scratch")
     ap.add_argument("--size", type=int, default=2048,
                     help="draft-vocab: tokens drafters may propose (the target's most frequent outputs)")
     return ap
@@ -58,7 +66,12 @@ def main(argv: list[str]) -> int:
         return 0
     from engines.training.drafters import train_drafter
 
+    try:
+        temps = tuple(float(t) for t in args.distill_temps.split(",") if t) if args.distill_temps else None
+    except ValueError:
+        raise UserError(f"--distill-temps: not a list of numbers: {args.distill_temps!r}") from None
     report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume,
-                           budget_s=args.budget, max_steps=args.steps)
+                           budget_s=args.budget, max_steps=args.steps, loss=args.loss, distill_temps=temps,
+                           sampled_fraction=args.sampled_fraction, init_from=args.init_from)
     print(json.dumps(report.get("summary", {})))
     return 0

@@ -1,12 +1,14 @@
 """Train a drafter against the bundle's target: `specroute train <kind>` (any registered kind).
 
 1. Self-distillation data (`engines.training.batch`, `distill`): the target's greedy responses to
-   TRAIN prompts (balanced chat/code/math) plus its features (captured layers + final hidden),
-   generated once and cached under the work directory for every drafter. Held-out prompts are only
+   TRAIN prompts (balanced chat/code/math), plus responses sampled at T=0.8 for a share of them,
+   and its features (captured layers + final hidden), generated once and cached under the work
+   directory for every drafter. Held-out prompts are only
    used to *report* accuracy (no gradient, no checkpoint selection).
 2. The loss of the drafter's family (`Drafter.objective`, `engines.training.losses`), on response
    positions only: chain drafters (MTP) unroll their chain (training-time test), block drafters
-   (DFlash, DFly) score anchored blocks.
+   (DFlash, DFly) score anchored blocks; each position's term is the recipe's objective against the
+   target (`losses.soft`: KL / TV / LK to its full distribution at the training temperatures, or CE).
 3. bf16 autocast, AdamW, warmup + cosine, tqdm progress (loss, top-1 accuracy, tau), checkpoints
    with resume (model, optimiser, step, RNG), fixed seed (`engines.training.optim`).
 4. Output: `OUT/drafters/<kind>/{config.json,model.safetensors,train_<kind>.json}`
@@ -73,7 +75,7 @@ class Run:
         t0 = time.perf_counter()
         data, feats = self.data
         idx = torch.randint(0, len(data), (p.batch_size,), generator=self.gen).tolist()
-        b = make_batch(data, feats, idx, self.drafter)
+        b = make_batch(data, feats, idx, self.drafter, teacher=p.loss != "ce")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = self.objective.train_loss(self.drafter, b, p, self.gen)
         optimizer_step(self.opt, self.params, out.loss, lr_at(run.step, run.total, p))
@@ -83,7 +85,7 @@ class Run:
             # evaluation passes cost about 4% of the budget; the rest goes to steps
             run.total = max(run.step, min(run.total, int(0.96 * p.time_budget_s / (run.elapsed / run.step))))
             run.calibrated = True
-        self.recent = (self.recent + [StepOut(out.loss.detach(), out.correct, out.valid)])[-20:]
+        self.recent = (self.recent + [StepOut(out.loss.detach(), out.correct, out.valid, accept=out.accept)])[-20:]
         return out
 
     def evaluate(self) -> dict:
@@ -98,11 +100,12 @@ class Run:
             bar.total = run.total
             m = summarize(self.recent)
             bar.set_postfix(loss=f"{out.loss.item():.3f}", acc1=f"{m['acc'][0] if m['acc'] else 0:.3f}",
-                            tau=f"{m['tau']:.2f}")
+                            tau=f"{m['tau']:.2f}", **({"tau_t1": f"{m['tau_t1']:.2f}"} if "tau_t1" in m else {}))
             bar.update(1)
             if run.step % 10 == 0 or run.step == run.total:
                 run.history.append({"step": run.step, "loss": round(out.loss.item(), 4), "train_acc": m["acc"],
-                                    "train_tau": m["tau"], "elapsed_s": round(run.elapsed, 1)})
+                                    "train_tau": m["tau"], "elapsed_s": round(run.elapsed, 1),
+                                    **({"train_tau_t1": m["tau_t1"]} if "tau_t1" in m else {})})
             if run.step % p.eval_every == 0 or run.step in (run.total // 2, run.total):
                 ev = self.evaluate()
                 run.evals.append({"step": run.step, **ev})
@@ -119,12 +122,14 @@ class Run:
 
 def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path | None = None,
                   resume: bool = True, stop_after: int | None = None, budget_s: float | None = None,
-                  max_steps: int | None = None) -> dict:
+                  max_steps: int | None = None, init_from: Path | None = None, **overrides: object) -> dict:
     """Train `kind` for the bundle in `out_dir`; `stop_after` ends this run early at that step (after
     a checkpoint), as an interruption would; a later call resumes. `budget_s` / `max_steps` override
-    the preset's wall-time budget and step cap."""
+    the preset's wall-time budget and step cap, `overrides` other recipe fields (`loss`, ...).
+    `init_from`: a bundle whose trained `kind` drafter (same shape) the run starts from instead of a
+    fresh initialisation (fine-tuning an existing drafter on a new objective or data mix)."""
     objective = objective_for(drafter_class(kind))
-    p = resolve_preset(preset, budget_s, max_steps)
+    p = resolve_preset(preset, budget_s, max_steps, **overrides)
     out_dir = Path(out_dir)
     if not (out_dir / "model.safetensors").is_file():
         raise UserError(f"no target model in {out_dir}: run `specroute train target --out {out_dir}` first")
@@ -142,6 +147,8 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
         raise UserError("no training prompts fit the preset's prompt length")
 
     drafter = new_drafter(kind, target, **objective.drafter_config(p, tok.mask_id, layers)).train()
+    if init_from is not None:
+        warm_start(drafter, Path(init_from), target)
     run = Run(drafter, p, (data, feats), (held, held_feats), work / f"{kind}.ckpt.pt")
     if resume and run.ckpt.is_file():
         run.restore()
@@ -157,6 +164,19 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
     report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds)
     (dest / f"train_{kind}.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> None:
+    """Copy the weights of `bundle`'s trained drafter of the same kind (the draft vocabulary is not
+    copied: training sets its own)."""
+    from engines.drafters.registry import load_drafter
+
+    src = load_drafter(drafter.kind, bundle, drafter.target)
+    state = {k: v for k, v in src.state_dict().items() if k != "draft_vocab"}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if [k for k in missing if k != "draft_vocab"] or unexpected:
+        raise UserError(f"{bundle}: its {drafter.kind} drafter does not match this recipe's shape")
+    print(f"{drafter.kind}: starting from the drafter in {bundle}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """Accuracy proxies of a drafter on held-out text: per-position top-1 accuracy and tau = 1 +
 E[accepted drafts] at T=0 (the leading run of correct drafts plus the bonus token). For block
 drafters and on-policy chain drafters this is exactly what greedy speculative decoding accepts on
-the same text."""
+the same text. With the target as teacher, also the expected acceptance of drafts sampled from q at
+T=1 per position (1 - TV(p, q)) and tau_t1 = 1 + E[sum_k prod_{j<=k} accept_j]: a proxy of the
+sampled-drafts acceptance at T=1 (it scores the greedy held-out text, not text sampled at T=1)."""
 
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ def summarize(outs: list[StepOut]) -> dict:
     if not outs:
         return {"acc": [], "tau": 1.0, "n": 0}
     K = max(o.correct.shape[1] for o in outs)
-    acc_n, acc_d = torch.zeros(K), torch.zeros(K)
-    run_sum, n = 0.0, 0
+    acc_n, acc_d, soft_n = torch.zeros(K), torch.zeros(K), torch.zeros(K)
+    run_sum, soft_run, n = 0.0, 0.0, 0
+    soft = all(o.accept is not None for o in outs)
     for o in outs:
         k = o.correct.shape[1]
         ok = o.correct & o.valid
@@ -38,8 +41,16 @@ def summarize(outs: list[StepOut]) -> dict:
         acc_d[:k] += o.valid.sum(0).float()
         run_sum += float(ok.long().cumprod(1).sum())
         n += o.correct.shape[0]
+        if soft and o.accept is not None:
+            a = o.accept.float() * o.valid
+            soft_n[:k] += a.sum(0)
+            soft_run += float(a.cumprod(1).sum())
     acc = (acc_n / acc_d.clamp(min=1)).tolist()
-    return {"acc": [round(a, 4) for a in acc], "tau": round(1 + run_sum / max(n, 1), 4), "n": n}
+    res = {"acc": [round(a, 4) for a in acc], "tau": round(1 + run_sum / max(n, 1), 4), "n": n}
+    if soft:
+        res["accept_t1"] = [round(a, 4) for a in (soft_n / acc_d.clamp(min=1)).tolist()]
+        res["tau_t1"] = round(1 + soft_run / max(n, 1), 4)
+    return res
 
 
 @torch.no_grad()
@@ -54,12 +65,15 @@ def evaluate(d: Drafter, data: DistillSet, feats: Features, p: DrafterPreset) ->
         for dom in DOMAINS:
             rows = [i for i in range(len(data)) if data.domains[i] == dom]
             for c in range(0, len(rows), EVAL_BATCH):
-                b = make_batch(data, feats, rows[c:c + EVAL_BATCH], d)
+                b = make_batch(data, feats, rows[c:c + EVAL_BATCH], d, teacher=True)
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     per_dom[dom] += objective.eval_outs(d, b, setting, p)
         res[key] = {dom: summarize(o) for dom, o in per_dom.items() if o}
         taus = [v["tau"] for v in res[key].values()]
         res[key]["mean_tau"] = round(sum(taus) / max(len(taus), 1), 4)
+        soft = [v["tau_t1"] for v in res[key].values() if isinstance(v, dict) and "tau_t1" in v]
+        if soft:
+            res[key]["mean_tau_t1"] = round(sum(soft) / len(soft), 4)
     d.train()
     return res
 

@@ -40,7 +40,7 @@ def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, fi
     }
     objective = objective_for(type(d))
     recipe = {
-        "data": {"source": "target's own greedy responses to train prompts (self-distillation)",
+        "data": {"source": data_source(data),
                  "sequences": len(data), "response_tokens": data.response_tokens(),
                  "per_domain": {dom: data.domains.count(dom) for dom in DOMAINS},
                  "generation_seconds": round(data.gen_seconds, 1),
@@ -53,14 +53,25 @@ def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, fi
     return {"summary": summary, "recipe": recipe, "history": run.history, "evals": run.evals}
 
 
+def data_source(data: DistillSet) -> str:
+    """What the training text is: greedy responses, and how many sampled ones at which temperature."""
+    temps = [data.temperature(i) for i in range(len(data))]
+    sampled = {t: temps.count(t) for t in sorted(set(temps)) if t > 0}
+    extra = "".join(f" + {n} responses sampled at T={t:g}" for t, n in sampled.items())
+    return f"target's own greedy responses to train prompts{extra} (self-distillation)"
+
+
 def card_section(bundle: Path) -> str:
     """Markdown for `card.md`: each trained drafter's recipe and figures (from train_<kind>.json)."""
     lines = ["## Drafters", "",
-             "Trained by `specroute train <kind> --preset demo` on the target's own greedy responses to "
-             "train prompts (self-distillation); accuracy below is measured on the target's responses to "
-             "held-out prompts (never trained on). tau = 1 + expected accepted drafts per step at T=0, "
-             "bonus included, averaged over every response position; real decoding spends more of its steps "
-             "at hard positions, so its mean accepted length per step (the acceptance table below) is lower.", ""]
+             "Trained by `specroute train <kind> --preset demo` on the target's own responses to train "
+             "prompts (self-distillation; each drafter's data line says greedy and/or sampled); accuracy "
+             "below is measured on the target's greedy responses to held-out prompts (never trained on). "
+             "tau = 1 + expected accepted drafts per step at T=0, bonus included, averaged over every "
+             "response position; tau T=1 is the same with drafts sampled from the drafter at T=1 (expected "
+             "acceptance 1 - TV(p, q) per position, on the same greedy text: a proxy). Real decoding spends "
+             "more of its steps at hard positions, so its mean accepted length per step (the acceptance "
+             "table below) is lower.", ""]
     for kind, cls in DRAFTERS.items():
         path = Path(bundle) / "drafters" / kind / f"train_{kind}.json"
         if path.is_file():
@@ -90,12 +101,14 @@ def drafter_lines(kind: str, report: dict, layers_field: str) -> list[str]:
              f"({rec['data']['per_domain']})",
              f"- {s['steps']} steps x batch {pre['batch_size']}, AdamW lr {pre['lr']} cosine, bf16 autocast, "
              f"{s['train_seconds'] / 60:.1f} min on 2 CPU cores (+{s['data_seconds'] / 60:.1f} min data)", ""]
-    lines += ["| setting | domain | tau | top-1 accuracy by position |", "|---|---|---|---|"]
+    lines += ["| setting | domain | tau | tau T=1 | top-1 accuracy by position |", "|---|---|---|---|---|"]
     for setting, doms in s["heldout"].items():
         for dom, v in doms.items():
-            if dom == "mean_tau":
+            if dom.startswith("mean_"):
                 continue
             acc = " ".join(f"{a:.2f}" for a in v["acc"])
-            lines.append(f"| {setting} | {dom} | {v['tau']:.2f} | {acc} |")
-        lines.append(f"| {setting} | **mean** | **{doms['mean_tau']:.2f}** | |")
+            t1 = f"{v['tau_t1']:.2f}" if "tau_t1" in v else "-"
+            lines.append(f"| {setting} | {dom} | {v['tau']:.2f} | {t1} | {acc} |")
+        t1 = f"**{doms['mean_tau_t1']:.2f}**" if "mean_tau_t1" in doms else "-"
+        lines.append(f"| {setting} | **mean** | **{doms['mean_tau']:.2f}** | {t1} | |")
     return [*lines, ""]

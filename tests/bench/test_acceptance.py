@@ -26,8 +26,9 @@ def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
     assert rc == 0
     report = AcceptanceReport.model_validate(json.loads((out / "acceptance.json").read_text()))
     assert (out / "acceptance.png").stat().st_size > 10_000
-    # dflash is absent from this bundle: skipped; mtp k=3 and dfly block 8 x 3 domains x 2 temperatures
-    assert len(report.rows) == 2 * 3 * 2
+    # dflash is absent from this bundle: skipped; mtp k=3 and dfly block 8 x 3 domains x 3 temperatures
+    assert len(report.rows) == 2 * 3 * 3
+    assert sorted({r.temperature for r in report.rows}) == [0.0, 0.7, 1.0]
     assert {(r.drafter, r.block) for r in report.rows} == {("mtp", 4), ("dfly", 8)}
     for r in report.rows:
         d = r.model_dump()
@@ -40,6 +41,7 @@ def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
         assert 1.0 <= r.mean_accepted_length <= r.k + 1
         assert r.low_acceptance == (r.mean_accepted_length < 1.3)
         assert len(r.acceptance_per_position) <= r.k
+        assert r.drafting == ("sampled" if r.temperature > 0 else "greedy")   # the default at T > 0
     assert "no dflash drafter" in capsys.readouterr().err
 
 

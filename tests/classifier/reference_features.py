@@ -1,8 +1,8 @@
 """The reference formulation of `classifier.features.extract`: one numpy expression per feature.
 
-This is the original (FEATURE_VERSION 2) implementation, kept as the specification the fast path in
-`classifier.features.fast.scan` must reproduce: same dense vector (up to float rounding) and the same
-multiset of bucket ids. It shares only the constant tables and lexicons with the package.
+This is the specification (FEATURE_VERSION 3) the fast path in `classifier.features.fast.scan` must
+reproduce: same dense vector (up to float rounding) and the same multiset of bucket ids. It shares
+only the constant tables, the lexicons and the word hashing primitives with the package.
 """
 
 from __future__ import annotations
@@ -54,22 +54,31 @@ def extract(sample: str, full_len: int | None = None) -> F.Features:
     dense[9] = char_h / 8.0
     dense[10] = char_h / math.log2(n_chars + 1)
     k = 11
-    shares = (counts @ D.CLASS_MATRIX) / n_bytes
+    class_counts = counts @ D.CLASS_MATRIX
+    n_control = int(class_counts[-1])
+    # a non-ASCII mark (Arabic / CJK question marks, commas, x...) counts as its ASCII stand-in too
+    for ch in sample:
+        if ch in H.SYMBOLS:
+            class_counts += D.CLASS_MATRIX[ord(H.SYMBOLS[ch])]
+    class_counts[D.CLASS_NAMES.index("non_ascii")] = sum(1 for ch in sample if ord(ch) >= 128)
+    shares = class_counts / n_chars  # per character
     dense[k : k + len(D.CLASS_NAMES)] = shares
     k += len(D.CLASS_NAMES)
-    junk = F.junk_share(sample, int(round(shares[-1] * n_bytes)))
+    junk = F.junk_share(sample, n_control)
     dense[k] = junk
 
-    folded = raw.translate(H.LOWER_FOLD)
+    # character by character: the specification of `hashing.CHAR_FOLD`
+    folded = "".join(H.FOLD.get(ch, ch) for ch in sample).encode("utf-8", errors="surrogatepass")
+    folded = folded.translate(H.LOWER_FOLD)
     norm = H.fold_ws(folded)
     a = np.frombuffer(norm, dtype=np.uint8)
     words, starts = H.word_hashes(a)
     n_words = words.size
     dense[6] = math.log1p(n_words)
-    dense[7] = math.log1p(n_bytes / n_words) if n_words else 0.0
+    dense[7] = math.log1p(n_chars / n_words) if n_words else 0.0
 
     c = np.zeros(len(D.COUNT_NAMES), dtype=np.float64)
-    fa = np.frombuffer(folded, dtype=np.uint8).astype(np.intp)
+    fa = np.frombuffer(raw.translate(H.LOWER_FOLD), dtype=np.uint8).astype(np.intp)  # raw pairs
     if fa.size >= 2:
         groups = D.PAIR_TABLE.take(fa[:-1] * 256 + fa[1:])
         c[: D.N_PAIR_GROUPS - 1] = np.bincount(groups, minlength=D.N_PAIR_GROUPS)[1:]
@@ -103,7 +112,7 @@ def extract(sample: str, full_len: int | None = None) -> F.Features:
     n_counts = len(D.COUNT_NAMES)
     k = D.N_BASE
     dense[k : k + n_counts] = np.log1p(c)
-    dense[k + n_counts : k + 2 * n_counts] = np.log1p(c * (1000.0 / (n_chars + 100.0)))
+    dense[k + n_counts : k + 2 * n_counts] = np.log1p(c * (D.RATE_WORDS / (n_words + D.RATE_WORDS)))
 
     parts = []
     n = a.size

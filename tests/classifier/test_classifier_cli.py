@@ -12,7 +12,7 @@ from classifier import train as T
 from classifier.data import read_prompt_dir
 from specroute.cli import main as specroute_main
 
-from .conftest import FIXTURE_PROMPTS, write_prompts
+from .conftest import CHAT, CODE, FIXTURE_PROMPTS, MATH, write_prompts
 
 
 def test_eval_writes_the_documented_schema(tiny_prompts: Path, tmp_path: Path):
@@ -34,6 +34,13 @@ def test_eval_writes_the_documented_schema(tiny_prompts: Path, tmp_path: Path):
     assert lat["p50"] <= lat["p99"]
     assert rep["accuracy"] >= 0.8  # the shipped model on easy prompts
     assert rep["confusion"]["chat"].keys() == {"chat", "code", "math"}
+    assert set(rep["per_language"]) == {"en"}
+    table = rep["per_source_table"]["alpha"]
+    assert {"n", "accuracy", "macro_f1", "ece", "domains"} <= table.keys()
+    assert {"auroc_entropy", "auroc_one_minus_max_prob", "n_wrong"} <= rep["uncertainty"].keys()
+    checks = {c["text"]: c for c in rep["unseen_checks"]}
+    assert checks["What is 12 * 7?"]["expected"] == "math"
+    assert all(c["ok"] for c in rep["unseen_checks"]), [c for c in rep["unseen_checks"] if not c["ok"]]
 
 
 def test_eval_accepts_messages_records(tmp_path: Path):
@@ -107,6 +114,61 @@ def test_train_round_trip(tiny_prompts: Path, tmp_path: Path):
     assert clf.classify("Solve $3x + 1 = 10$ for $x$.").label in ("chat", "code", "math")
 
 
+def _two_language_prompts(folder: Path) -> Path:
+    rows = []
+    for lang in ("en", "de"):
+        for k, source in enumerate(("alpha", "beta", "gamma")):
+            for domain, texts in (("chat", CHAT), ("code", CODE), ("math", MATH)):
+                for j, text in enumerate(texts):
+                    if j % 3 == k or j % 2 == k % 2:
+                        row = {"id": f"{source}/{lang}/{domain}{j}", "source": source, "domain": domain}
+                        row["prompt"] = text if lang == "en" else f"Bitte: {text}"
+                        if lang != "en":
+                            row["lang"] = lang
+                        rows.append(row)
+    return write_prompts(folder, rows)
+
+
+def test_train_reports_leave_one_language_out(tmp_path: Path):
+    folder = _two_language_prompts(tmp_path / "p")
+    report = tmp_path / "report.json"
+    argv = ["classifier", "train", "--data", str(folder), "--no-extra", "--skip-latency"]
+    assert specroute_main([*argv, "--artifact", str(tmp_path / "a.npz"), "--report", str(report)]) == 0
+    rep = json.loads(report.read_text())
+    lolo = rep["leave_one_language_out"]
+    assert set(lolo["per_language"]) == {"en", "de"}
+    assert lolo["per_language"]["de"]["n"] == rep["training"]["n_prompts"] // 2
+    assert {"accuracy", "macro_f1", "n"} <= lolo["per_source_table"]["alpha"].keys()
+    assert set(rep["leave_one_source_out"]["per_language"]) == {"en", "de"}
+    acceptance = rep["acceptance"]
+    assert set(acceptance) == {
+        "lolo_macro_f1",
+        "loso_macro_f1",
+        "ece",
+        "uncertainty_auroc",
+        "latency_cpu_p99_4kb_us",
+        "latency_cpu_p99_100kb_us",
+    }
+    assert acceptance["lolo_macro_f1"]["value"] == lolo["macro_f1"]
+    assert acceptance["latency_cpu_p99_4kb_us"]["met"] is None  # --skip-latency
+
+
+def test_leave_one_language_out_never_trains_on_the_held_out_language(tmp_path: Path, monkeypatch):
+    folder = _two_language_prompts(tmp_path / "p")
+    data = T.load_training_data(str(folder), None, extra=False)
+    seen: list[set[str]] = []
+    real_fit = T.fit
+
+    def spy(examples, m, idx, cfg):
+        seen.append({examples[i].lang for i in idx})
+        return real_fit(examples, m, idx, cfg)
+
+    monkeypatch.setattr(T, "fit", spy)
+    idx, logits = T.leave_one_language_out(data, T.TrainConfig(), log=lambda _: None)
+    assert seen == [{"en"}, {"de"}]  # folds in language order: de held out, then en
+    assert len(idx) == len(data.examples) and logits.shape == (len(idx), 3)
+
+
 def test_train_needs_all_domains(tmp_path: Path):
     folder = write_prompts(
         tmp_path / "p",
@@ -155,20 +217,21 @@ def _english_ids(folder: Path) -> set[str]:
 
 
 def test_shipped_model_is_calibrated_on_fixture_prompts():
-    """Accurate and calibrated on the English items (the sources the shipped model was trained on);
-    on the non-English items, which it never saw, it must still beat a loose floor."""
+    """Accurate and calibrated on the English and on the non-English items alike (the shipped model
+    is trained on every language of the data, these items included)."""
     from classifier.metrics import ece
 
     examples, _ = read_prompt_dir(FIXTURE_PROMPTS)
     english = _english_ids(FIXTURE_PROMPTS)
+    assert {e.lang for e in examples if e.id in english} == {"en"}
+    assert len({e.lang for e in examples if e.id not in english}) == 12
     clf = Classifier.load()
-    for subset, min_acc, max_ece in ((True, 0.95, 0.05), (False, 0.6, None)):
+    for subset in (True, False):
         sample = [e for e in examples if (e.id in english) == subset]
         assert len(sample) >= 200
         probs = np.array(
             [[clf.classify(e.request).probabilities[k] for k in ("chat", "code", "math")] for e in sample]
         )
         y = np.array([("chat", "code", "math").index(e.label) for e in sample])
-        assert (probs.argmax(1) == y).mean() > min_acc
-        if max_ece is not None:
-            assert ece(probs, y) < max_ece
+        assert (probs.argmax(1) == y).mean() > 0.95
+        assert ece(probs, y) < 0.05

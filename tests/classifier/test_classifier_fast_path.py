@@ -51,6 +51,17 @@ TRICKY = [
     # non-ASCII code points whose 4093-bin shares an ASCII character's bin (a) or another's
     "a" + chr(4093 + 97) + " bc " + chr(2 * 4093 + 300) + chr(4093 + 300) + chr(300) + chr(4093 + 97),
     "line\n\n\nblank lines\r\n\x0b\x0cend",
+    # scripts without spaces (a word per character, ASCII right after one starts a word), case
+    # folding in every script (some change length), folded marks and digits
+    "共3个苹果，用python写一个函数。",
+    "😀abc 😀0 é0 déjà vu",
+    "¿Cómo está? 12 × 7 = 84 ÷ 2 − 1 ≤ 3",
+    "ＡＢＣ１２３＝４＋５ （全角）",
+    "١٢٣ + ٤ = ١٢٧ ، ما هو؟",
+    "КАК ДЕЛА? İstanbul ǅ ß ΣΑΣ",
+    "người Việt Nam năm 2012 bao nhiêu?",
+    "ฟังก์ชัน 12 × 3 เท่าไร",
+    "日本語のテキスト、りんごを3個。" * 10,
 ]
 
 
@@ -71,7 +82,9 @@ def test_scan_matches_reference_on_tricky_text(text: str):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     text=st.text(
-        alphabet=st.sampled_from(list("abZ09 _.(=+-*/^<>\n\t\r$\\{}[]`'\"#@%é日\x00\x7f\ufffd😀")),
+        alphabet=st.sampled_from(
+            list("abZ09 _.(=+-*/^<>\n\t\r$\\{}[]`'\"#@%é日\x00\x7f\ufffd😀共ЖİÉ¿×÷，。？١ạ")
+        ),
         max_size=400,
     )
 )

@@ -102,3 +102,51 @@ def test_case_and_digits_fold():
 
 
 STABLE_ABC = [77660, 80046, 41654, 81945, 48193, 106017, 72995, 6309]
+
+
+def test_scripts_without_spaces_have_one_word_per_character():
+    # 共 3 个 苹 果: a CJK character is a word, and so is the number right after one
+    named = _named("共3个苹果")
+    assert np.isclose(named["log_words"], np.log1p(5))
+    assert np.isclose(named["count_numbers"], np.log1p(1))
+    # one "word" per character also for kana and Hangul syllables; Vietnamese letters stay joined
+    assert np.isclose(_named("りんご")["log_words"], np.log1p(3))
+    assert np.isclose(_named("người Việt")["log_words"], np.log1p(2))
+
+
+def test_every_script_is_lower_cased():
+    assert np.array_equal(np.sort(F.extract("КАК ДЕЛА").buckets), np.sort(F.extract("как дела").buckets))
+    assert np.array_equal(np.sort(F.extract("ÉCOLE").buckets), np.sort(F.extract("école").buckets))
+
+
+def test_non_ascii_marks_fold_to_ascii():
+    times = _named("12 × 7")
+    assert times["count_eq_digit"] > 0  # × is an operator: 12*7
+    assert _named("١٢ + ٣")["count_numbers"] > 0  # Arabic-Indic digits are digits
+    arabic = _named("ما هو اسمك؟")
+    assert arabic["share_question"] > 0  # the Arabic question mark is a question mark
+    chinese = _named("你叫什么名字？")
+    assert chinese["share_question"] > 0
+    # ¿ does not glue to the next word: "¿cómo" is the word "cómo", a question word
+    assert _named("¿Cómo estás?")["count_words_question"] > 0
+
+
+def test_multilingual_markers_count_towards_the_same_groups():
+    for text in ("Wie viele Äpfel hat Anna insgesamt?", "Сколько яблок купила Маша?", "她一共有多少个苹果？"):
+        assert _named(text)["count_words_math_words"] + _named(text)["count_words_math_phrases"] > 0, text
+    for text in (
+        "Как отсортировать список словарей?",
+        "¿Cómo ordenar una lista en Python?",
+        "编写代码返回列表",
+    ):
+        assert _named(text)["count_words_code_topic"] > 0, text
+    for text in ("Écris un poème sur la mer.", "Schreibe ein Gedicht über das Meer.", "写一首关于大海的诗歌"):
+        assert _named(text)["count_words_chat_words"] + _named(text)["count_words_chat_request"] > 0, text
+
+
+def test_lexicon_phrases_are_one_to_three_words():
+    from classifier.features import lexicon as LX
+
+    for name in LX.MARKER_GROUPS:
+        for phrase in LX.group_phrases(name):
+            assert 1 <= len(LX._keys_of(phrase)) <= 2, (name, phrase)

@@ -112,3 +112,59 @@ def test_missing_artifact_and_wrong_features(tmp_path):
     np.savez(bad, **arrays)
     with pytest.raises(ValueError, match="features"):
         Classifier.load(bad)
+
+
+def test_readme_example_is_math(clf: Classifier):
+    for text in ("What is 12 * 7?", "What is 12*7?", "12 × 7 = ?"):
+        assert clf.classify([{"role": "user", "content": text}]).label == "math", text
+
+
+# The same request in several languages (written for this test, in no data file): the language must
+# not flip the domain.
+SAME_REQUEST = {
+    "math": [
+        "Anna has 3 apples and buys 5 more. How many apples does she have now?",
+        "Anna hat 3 Äpfel und kauft 5 weitere. Wie viele Äpfel hat sie jetzt?",
+        "Anna tiene 3 manzanas y compra 5 más. ¿Cuántas manzanas tiene ahora?",
+        "Anna a 3 pommes et en achète 5 de plus. Combien de pommes a-t-elle maintenant ?",
+        "У Анны 3 яблока, и она покупает ещё 5. Сколько яблок у неё теперь?",
+        "安娜有3个苹果，又买了5个。她现在一共有多少个苹果？",
+        "アンナはりんごを3個持っていて、5個買いました。りんごは全部で何個ですか？",
+    ],
+    "code": [
+        "Write a Python function that reverses a string.",
+        "Schreibe eine Python-Funktion, die einen String umkehrt.",
+        "Escribe una función en Python que invierta una cadena.",
+        "Écris une fonction Python qui inverse une chaîne de caractères.",
+        "Напишите функцию на Python, которая переворачивает строку.",
+        "用Python写一个函数，反转字符串。",
+        "文字列を逆にするPythonの関数を書いてください。",
+    ],
+    "chat": [
+        "Who was the first emperor of Rome?",
+        "Wer war der erste Kaiser Roms?",
+        "¿Quién fue el primer emperador de Roma?",
+        "Qui était le premier empereur de Rome ?",
+        "Кто был первым императором Рима?",
+        "谁是罗马的第一位皇帝？",
+        "ローマの最初の皇帝は誰ですか？",
+    ],
+}
+
+
+@pytest.mark.parametrize("domain", sorted(SAME_REQUEST))
+def test_language_is_no_evidence_of_domain(clf: Classifier, domain: str):
+    labels = [clf.classify(text).label for text in SAME_REQUEST[domain]]
+    assert labels == [domain] * len(labels), list(zip(SAME_REQUEST[domain], labels, strict=True))
+
+
+def test_ambiguous_prompt_is_uncertain(clf: Classifier):
+    # requests that sit between two domains (code or chat; code or math, in German) get a high
+    # uncertainty, obvious ones a low one
+    for text in (
+        "What is the time complexity of binary search?",
+        "Schreibe ein Programm, das die Summe von 1 bis 100 berechnet.",
+    ):
+        assert clf.classify(text).uncertainty > 0.5, text
+    for text in ("Solve for $x$: $2x + 3 = 11$.", "Schreibe ein Gedicht über das Meer."):
+        assert clf.classify(text).uncertainty < 0.3, text

@@ -78,7 +78,9 @@ def test_sample_per_row_generators_are_reproducible():
 # --- distribution test -------------------------------------------------------------------------
 # A toy "language model" on V tokens: the target's next-token distribution depends only on the previous
 # token (rows of a random logit table), processed with temperature / top-p exactly as plain sampling does;
-# the drafter is another Markov chain. Exact enumeration of every length-m continuation gives the target's
+# the drafter is another Markov chain (an autoregressive drafter: q_i depends on the previous draft), or a
+# block drafter (q_i depends only on y0 and the slot i, every slot sampled independently, as DFlash samples
+# a parallel block). Exact enumeration of every length-m continuation gives the target's
 # true distribution; many independent speculative decodes (vectorised over rows) give the empirical one.
 
 V, K, M = 5, 3, 3   # vocabulary, drafts per step, tokens compared
@@ -101,8 +103,9 @@ def _exact(p: torch.Tensor, y0: int) -> torch.Tensor:
 
 
 def _speculative(p: torch.Tensor, q: torch.Tensor, y0: int, n: int, sampled_drafts: bool,
-                 random_keep: bool, seed: int) -> torch.Tensor:
-    """n independent speculative decodes of M tokens each -> counts [V**M]."""
+                 random_keep: bool, seed: int, block: torch.Tensor | None = None) -> torch.Tensor:
+    """n independent speculative decodes of M tokens each -> counts [V**M]. `block` [K, V, V]: a block
+    drafter whose slot i draws from block[i, y0] whatever the earlier slots drew (else the chain q)."""
     g = torch.Generator().manual_seed(seed)
     seqs = torch.full((n, M), -1, dtype=torch.long)
     filled = torch.zeros(n, dtype=torch.long)
@@ -114,9 +117,10 @@ def _speculative(p: torch.Tensor, q: torch.Tensor, y0: int, n: int, sampled_draf
         qd = torch.empty(B, K, V)
         prev = last[rows]
         for i in range(K):
-            qd[:, i] = q[prev]
-            drafts[:, i] = torch.multinomial(q[prev], 1, generator=g).squeeze(1) if sampled_drafts \
-                else q[prev].argmax(-1)
+            qi = q[prev] if block is None else block[i, last[rows]]   # [B, V]
+            qd[:, i] = qi
+            drafts[:, i] = torch.multinomial(qi, 1, generator=g).squeeze(1) if sampled_drafts \
+                else qi.argmax(-1)
             prev = drafts[:, i]
         # target distributions along the drafted path: p_1 after y0, p_i after d_{i-1}
         path = torch.cat([last[rows, None], drafts], dim=1)     # [B, K+1]
@@ -151,25 +155,32 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_p", "sampled_drafts", "random_keep"),
+    ("temperature", "top_p", "sampled_drafts", "random_keep", "drafter"),
     [
-        (1.0, 1.0, False, False),   # greedy drafts: q one-hot
-        (1.0, 1.0, True, False),    # sampled drafts: q a real distribution (ratio test + residual)
-        (0.7, 0.8, True, True),     # temperature + top-p on p, verifying random prefixes (D-Cut)
-        (1.3, 0.9, False, True),
+        (1.0, 1.0, False, False, "chain"),   # greedy drafts: q one-hot
+        (1.0, 1.0, True, False, "chain"),    # sampled drafts: q a real distribution (ratio test + residual)
+        (0.7, 0.8, True, True, "chain"),     # temperature + top-p on p, verifying random prefixes (D-Cut)
+        (1.3, 0.9, False, True, "chain"),
+        (1.0, 1.0, True, False, "block"),    # a parallel block, each slot sampled from its own q_i
+        (0.7, 0.8, True, True, "block"),
+        (1.0, 1.0, False, True, "block"),
     ],
 )
 def test_speculative_sampling_output_distribution_equals_target(temperature, top_p, sampled_drafts,
-                                                                random_keep):
+                                                                random_keep, drafter):
     g = torch.Generator().manual_seed(7)
     target_table = torch.randn(V, V, generator=g) * 1.5
     draft_table = target_table + torch.randn(V, V, generator=g)   # a correlated but wrong drafter
     p = _chain_probs(target_table, temperature, top_p)
     q = logits_to_probs(draft_table, 1.0)
+    # the block drafter: slot i guesses from y0 alone (a wrong, position-dependent distribution), at the
+    # same temperature / top-p as the target as the engine samples drafts
+    block = logits_to_probs(torch.randn(K, V, V, generator=g) * 1.5, temperature, top_p) \
+        if drafter == "block" else None
     exact = _exact(p, y0=0)
     assert abs(float(exact.sum()) - 1) < 1e-6
     counts = _speculative(p, q, y0=0, n=60_000, sampled_drafts=sampled_drafts, random_keep=random_keep,
-                          seed=11)
+                          seed=11, block=block)
     assert float(counts[exact == 0].sum()) == 0, "emitted a continuation the target cannot produce"
     pval = _chi2_pvalue(counts, exact)
     assert pval > 1e-3, f"speculative output distribution differs from the target's (p={pval:.2e})"

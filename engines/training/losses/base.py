@@ -20,6 +20,7 @@ class StepOut:
     correct: Tensor   # [N, K] bool, per chain/block and draft position
     valid: Tensor     # [N, K] bool
     pred: Tensor | None = None  # [N, K] argmax drafts (same layout)
+    accept: Tensor | None = None  # [N, K] expected acceptance of sampled drafts (1 - TV at T=1), with a teacher
 
 
 class Objective:

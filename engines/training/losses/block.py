@@ -1,7 +1,10 @@
 """Block drafters (DFlash, DFly; `objective = "block"`): random anchors in the response; the block
 `[x_a, MASK...]` at positions a..a+B-1 sees context < a and its own block (dense boolean mask + SDPA);
 slot k predicts x_{a+k}; CE weighted by exp(-(k-1)/gamma), gamma = B/2; block sizes drawn from
-`block_mix` (16 mixed with 8) so one set of weights serves both.
+`block_mix` (16 mixed with 8) so one set of weights serves both. With a soft objective
+(`losses.soft`) the per-slot CE becomes the distance to the target's distribution for x_{a+k} (its
+final hidden at a+k-1) at the training temperatures, with the same slot weights; with a teacher in the
+batch, the expected acceptance of sampled drafts (1 - TV at T=1) is reported per slot.
 
 A block drafter provides `context_kv(feats, positions)` (per layer roped context K/V),
 `backbone(block, positions, ctx_kv, mask)` (one pass over the blocks -> final hidden) and
@@ -20,7 +23,14 @@ from engines.drafters.base import Drafter
 from engines.drafters.config import DraftConfig
 from engines.training.batch import Batch
 from engines.training.losses.base import Objective, StepOut
-from engines.training.recipe import DrafterPreset
+from engines.training.losses.soft import (
+    METRIC_TEMPERATURE,
+    Soft,
+    expected_acceptance,
+    soft_loss,
+    teacher_logits,
+)
+from engines.training.recipe import DrafterPreset, describe_soft
 
 EVAL_ANCHORS = 32   # anchors per row and pass when every response position is scored
 
@@ -32,6 +42,7 @@ class BlockDrafter(Protocol):
     def backbone(self, block: Tensor, positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]],
                  mask: Tensor) -> Tensor: ...
     def draft_logits(self, h: Tensor, block: Tensor) -> Tensor: ...
+    def lm_logits(self, hidden: Tensor) -> Tensor: ...
 
 
 def sample_anchors(b: Batch, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -67,7 +78,7 @@ def all_anchors(b: Batch, chunk: int) -> list[tuple[Tensor, Tensor]]:
 
 
 def block_loss(d: BlockDrafter, b: Batch, anchors: Tensor, keep: Tensor, block: int,
-               gamma: float | None = None) -> StepOut:
+               gamma: float | None = None, soft: Soft | None = None) -> StepOut:
     B, S = b.tokens.shape
     A = anchors.shape[1]
     Q = A * block
@@ -87,13 +98,29 @@ def block_loss(d: BlockDrafter, b: Batch, anchors: Tensor, keep: Tensor, block: 
     valid = (bpos[..., 1:] < b.lengths[:, None, None]) & keep[..., None]
     gamma = gamma or block / 2
     w = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / gamma)    # slot k: exp(-(k-1)/gamma)
-    ce = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none")  # [B, A, Bk-1]
     wv = w * valid
-    loss = (ce * wv).sum() / wv.sum().clamp(min=1e-6)
+    accept = None
+    if b.teacher is not None:   # slot k's teacher: the target's final hidden at a+k-1
+        hpos = bpos[..., :-1].clamp(max=S - 1)                                  # [B, A, Bk-1]
+        hid = b.teacher.gather(1, hpos.reshape(B, -1, 1).expand(-1, -1, b.teacher.shape[-1]))
+        tl = teacher_logits(d.lm_logits, hid.view(B, A, block - 1, -1)[valid])  # [N, V]
+        accept = torch.zeros(valid.shape)
+    if soft is not None:
+        if b.teacher is None:
+            raise ValueError("a soft objective needs the batch's teacher (make_batch(..., teacher=True))")
+        rows, acc = soft_loss(logits[valid], tl, soft.mode, soft.temps, soft.ce_weight)   # [N]
+        loss = (rows * w.expand_as(valid)[valid]).sum() / wv.sum().clamp(min=1e-6)
+    else:
+        ce = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none")  # [B, A, Bk-1]
+        loss = (ce * wv).sum() / wv.sum().clamp(min=1e-6)
+        acc = expected_acceptance(logits[valid], tl, METRIC_TEMPERATURE) if accept is not None else None
+    if accept is not None and acc is not None:
+        accept[valid] = acc.detach().float()
     pred = logits.argmax(-1).reshape(B * A, block - 1)
     correct = pred == target.reshape(B * A, block - 1)
     k = keep.view(-1)
-    return StepOut(loss, correct[k], valid.reshape(B * A, block - 1)[k], pred[k])
+    acc_rows = accept.reshape(B * A, block - 1)[k] if accept is not None else None
+    return StepOut(loss, correct[k], valid.reshape(B * A, block - 1)[k], pred[k], acc_rows)
 
 
 class BlockObjective(Objective):
@@ -108,7 +135,8 @@ class BlockObjective(Objective):
         probs = torch.tensor([w for _, w in p.block_mix])
         blk = int(sizes[torch.multinomial(probs, 1, generator=gen)])
         anchors, keep = sample_anchors(b, p.anchors, gen)
-        return block_loss(cast(BlockDrafter, d), b, anchors, keep, blk)
+        return block_loss(cast(BlockDrafter, d), b, anchors, keep, blk,
+                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight))
 
     def eval_settings(self, p: DrafterPreset) -> dict[str, int]:
         return {f"block{n}": n for n in sorted({p.block_size, p.block_size // 2}, reverse=True)}
@@ -117,4 +145,4 @@ class BlockObjective(Objective):
         return [block_loss(cast(BlockDrafter, d), b, a, k, setting) for a, k in all_anchors(b, EVAL_ANCHORS)]
 
     def describe(self, p: DrafterPreset) -> str:
-        return "random anchors, block+context mask, CE x exp(-(k-1)/(B/2))"
+        return f"random anchors, block+context mask, slot weights exp(-(k-1)/(B/2)); {describe_soft(p)}"

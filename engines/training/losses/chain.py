@@ -19,12 +19,20 @@ from engines.drafters.base import Drafter
 from engines.drafters.layers import KVFn
 from engines.training.batch import Batch
 from engines.training.losses.base import Objective, StepOut
-from engines.training.recipe import DrafterPreset
+from engines.training.losses.soft import (
+    METRIC_TEMPERATURE,
+    Soft,
+    expected_acceptance,
+    soft_loss,
+    teacher_logits,
+)
+from engines.training.recipe import DrafterPreset, describe_soft
 
 
 class ChainDrafter(Protocol):
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv_fn: KVFn) -> Tensor: ...
     def head(self, out: Tensor) -> Tensor: ...
+    def lm_logits(self, hidden: Tensor) -> Tensor: ...
 
 
 def ttt_mask(P: int, s: int) -> Tensor:
@@ -37,7 +45,8 @@ def ttt_mask(P: int, s: int) -> Tensor:
     return torch.cat(blocks, dim=1)[None, None]
 
 
-def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: bool = True) -> StepOut:
+def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: bool = True,
+               soft: Soft | None = None) -> StepOut:
     B, S = b.tokens.shape
     P = S - 2
     pos = torch.arange(P).expand(B, P)
@@ -48,7 +57,12 @@ def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: b
     values: list[Tensor] = []
     total = torch.zeros(())
     wsum = 0.0
-    corrects, valids, preds = [], [], []
+    corrects, valids, preds, accepts = [], [], [], []
+    if soft is not None and b.teacher is None:
+        raise ValueError("a soft objective needs the batch's teacher (make_batch(..., teacher=True))")
+    # later steps score a subset of step 0's positions: the teacher's logits are computed once
+    valid0 = (p_idx >= b.prompt_lens[:, None] - 1) & (p_idx + 2 < b.lengths[:, None])
+    teach = teacher_logits(d.lm_logits, b.teacher[:, 1:P + 1][valid0]) if b.teacher is not None else None
     for s in range(steps):
         def kv_fn(k: Tensor, v: Tensor, s: int = s) -> tuple[Tensor, Tensor, Tensor]:
             keys.append(k)
@@ -60,17 +74,27 @@ def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: b
         # next on-policy step reads)
         valid = (p_idx - s >= b.prompt_lens[:, None] - 1) & (p_idx + 2 < b.lengths[:, None])
         logits = d.head(out[valid])                           # [N, V] fp32
-        ce = F.cross_entropy(logits, labels[valid])
+        tl = teach[valid[valid0]] if teach is not None else None   # [N, V]
+        if soft is not None and tl is not None:
+            rows, acc = soft_loss(logits, tl, soft.mode, soft.temps, soft.ce_weight)
+            loss = rows.mean()
+        else:
+            loss = F.cross_entropy(logits, labels[valid])
+            acc = expected_acceptance(logits, tl, METRIC_TEMPERATURE) if tl is not None else None
         pred = torch.zeros_like(labels)
         pred[valid] = logits.argmax(-1)
+        accept = torch.zeros(labels.shape)
+        if acc is not None:
+            accept[valid] = acc.detach().float()
         w = decay ** s
         if bool(valid.any()):
-            total = total + w * ce
+            total = total + w * loss
         wsum += w
         # align by chain start c: step s of chain c sits at position c + s
         corrects.append(F.pad(pred == labels, (0, s))[:, s:])
         valids.append(F.pad(valid, (0, s))[:, s:])
         preds.append(F.pad(pred, (0, s))[:, s:])
+        accepts.append(F.pad(accept, (0, s))[:, s:])
         h_in = F.pad(out[:, :-1], (0, 0, 1, 0))
         if on_policy:
             t_in = F.pad(pred[:, :-1].detach(), (1, 0))
@@ -78,7 +102,8 @@ def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: b
     valid = torch.stack(valids, -1).reshape(B * P, steps)
     pred = torch.stack(preds, -1).reshape(B * P, steps)
     keep = valid[:, 0]
-    return StepOut(total / wsum, correct[keep], valid[keep], pred[keep])
+    accept = torch.stack(accepts, -1).reshape(B * P, steps)[keep] if teach is not None else None
+    return StepOut(total / wsum, correct[keep], valid[keep], pred[keep], accept)
 
 
 class ChainObjective(Objective):
@@ -88,7 +113,8 @@ class ChainObjective(Objective):
         return {"num_layers": p.mtp_layers, "num_draft": p.ttt_steps}
 
     def train_loss(self, d: Drafter, b: Batch, p: DrafterPreset, gen: torch.Generator) -> StepOut:
-        return chain_loss(cast(ChainDrafter, d), b, p.ttt_steps, p.ttt_decay)
+        return chain_loss(cast(ChainDrafter, d), b, p.ttt_steps, p.ttt_decay,
+                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight))
 
     def eval_settings(self, p: DrafterPreset) -> dict[str, int]:
         return {f"k{p.ttt_steps}": p.ttt_steps}
@@ -97,4 +123,4 @@ class ChainObjective(Objective):
         return [chain_loss(cast(ChainDrafter, d), b, setting, p.ttt_decay)]
 
     def describe(self, p: DrafterPreset) -> str:
-        return f"TTT, on-policy after step 0, step weights {p.ttt_decay:g}^s"
+        return f"TTT, on-policy after step 0, step weights {p.ttt_decay:g}^s; {describe_soft(p)}"

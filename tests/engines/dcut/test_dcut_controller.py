@@ -139,3 +139,19 @@ def test_fleet_average_spans_many_rows_and_a_row_alone_is_probed_at_once():
     assert not ctl.pays(1, 1.0)
     decisions = [ctl.rows_to_draft([bad]) for _ in range(1 + 8 + 1 + 16 + 1)]
     assert [i for i, d in enumerate(decisions) if d] == [0, 9, 26]
+
+
+def test_new_rows_start_from_their_temperature_buckets_acceptance():
+    """Greedy rows accept everything, T=1 rows nothing: a new T=1 row's prior is the T=1 rows' average
+    (no drafting at batch 2), a new greedy row's the greedy rows' (drafting), not one fleet average."""
+    K = 4
+    table = CostTable.linear(K, base_ms=5.0, per_token_ms=0.5, batch_sizes=(1, 8)).with_draft_ms((3.0, 6.0))
+    ctl = DcutController(table, K)
+    for _ in range(10):
+        sel, raw = ctl.select(np.full((2, K), 0.5), [False, False])
+        ctl.observe(raw, sel.keep, [K, 0], sel.kept_fraction, buckets=["0", "high"])
+    assert ctl.row_prior("0") > 4.5 and ctl.row_prior("high") == 1.0
+    assert ctl.row_prior("0") > ctl.row_prior(None) > ctl.row_prior("high") == 1.0
+    assert ctl.rows_to_draft([(0, 0), (0, 0)], ["0", "0"]) == [0, 1]
+    assert ctl.rows_to_draft([(0, 0), (0, 0)], ["high", "high"]) == []
+    assert ctl.row_prior("low") == ctl.row_prior(None)   # no observation yet: the fleet average

@@ -160,6 +160,10 @@ def test_tiny_pipeline_trains_reports_and_loads(bundle, kind, tmp_path_factory):
     assert s["heldout"] and all(v["mean_tau"] >= 1.0 for v in s["heldout"].values())
     saved = json.loads((bundle / "drafters" / kind / f"train_{kind}.json").read_text())
     assert saved["history"] and saved["recipe"]["data"]["sequences"] > 0
+    # the default recipe: greedy + sampled (T=0.8) answers, soft objective, T=1 acceptance reported
+    assert "sampled at T=0.8" in saved["recipe"]["data"]["source"]
+    assert "LK vs the target's full distribution" in saved["recipe"]["objective"]
+    assert all("mean_tau_t1" in v for v in s["heldout"].values())
     from engines.model import load_model
 
     load_drafter(kind, bundle, load_model(bundle))
@@ -210,3 +214,23 @@ def test_generation_features_match_a_full_forward():
         assert not f[-1].any()
         # greedy: each response token is the argmax after its prefix
         assert r[0] == int(target.logits(out.hidden[0, len(p) - 1]).argmax())
+
+
+def test_fine_tune_starts_from_a_trained_drafter(bundle, monkeypatch):
+    """`--init-from`: a run on another objective starts from the bundle's drafter, not from scratch."""
+    import engines.training.drafters as drafters
+    from engines.model import load_model
+
+    work = bundle.parent / "finetune"
+    train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, loss="ce", sampled_fraction=0.0)
+    before = load_drafter("mtp", bundle, load_model(bundle)).state_dict()
+    seen: dict = {}
+    real = drafters.warm_start
+
+    def spy(d, src, target):
+        real(d, src, target)
+        seen.update({k: v.clone() for k, v in d.state_dict().items()})
+
+    monkeypatch.setattr(drafters, "warm_start", spy)
+    train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, init_from=bundle, loss="kl")
+    assert seen and all(torch.equal(seen[k], v) for k, v in before.items() if k != "draft_vocab")

@@ -1,0 +1,77 @@
+"""Self-distillation data with sampled continuations: the sampled answers follow the target's
+distribution at the temperature, are reproducible, carry their features, and mix with the greedy ones."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engines.training.distill import DistillSet, Features, concat, responses
+from tests.engines.training.test_train_drafters import TINY, make_target
+
+
+def _prompts(n: int, seed: int = 4) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, TINY.vocab_size, (int(k),), generator=g).tolist() for k in (7, 12, 4, 9)[:n]]
+
+
+@torch.no_grad()
+def test_sampled_responses_are_reproducible_and_carry_their_features():
+    target = make_target()
+    prompts = _prompts(4)
+    a, fa = responses(target, prompts, 8, {5}, batch_size=3, capture=[1, 3], temperature=0.8, seed=7)
+    b, _ = responses(target, prompts, 8, {5}, batch_size=3, capture=[1, 3], temperature=0.8, seed=7)
+    c, _ = responses(target, prompts, 8, {5}, batch_size=3, capture=[1, 3], temperature=0.8, seed=8)
+    greedy, _ = responses(target, prompts, 8, {5}, batch_size=3)
+    assert a == b and a != c and a != greedy
+    assert fa is not None
+    for p, r, f in zip(prompts, a, fa, strict=True):
+        seq = torch.tensor([p + r])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = target(seq, torch.arange(seq.shape[1])[None], capture=[1, 3])
+        full = torch.cat([*out.captured, out.hidden], -1)[0, :-1].float()
+        torch.testing.assert_close(f[:-1].float(), full, atol=0.1, rtol=0.05)
+
+
+@torch.no_grad()
+def test_sampled_first_tokens_follow_the_target_distribution_at_the_temperature():
+    target = make_target()
+    prompt = _prompts(1)[0]
+    n, temperature = 3000, 0.8
+    first, _ = responses(target, [prompt] * n, 1, set(), batch_size=n, temperature=temperature, seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = target(torch.tensor([prompt]), torch.arange(len(prompt))[None]).hidden
+    probs = torch.softmax(target.logits(h[0, -1]) / temperature, -1).double()
+    counts = torch.bincount(torch.tensor([r[0] for r in first]), minlength=TINY.vocab_size).double()
+    exp = probs * n
+    big = exp >= 5
+    obs_c = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp_c = torch.cat([exp[big], exp[~big].sum()[None]])
+    stat = float(((obs_c - exp_c) ** 2 / exp_c.clamp(min=1e-9)).sum())
+    dof = int(big.sum())
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    assert 0.5 * math.erfc(z / math.sqrt(2)) > 1e-3, stat
+    assert dof > 5   # a broad distribution: the test has something to check
+
+
+def _set(name: str, lens: list[int], temperature: float, dim: int = 3) -> tuple[DistillSet, Features]:
+    data = DistillSet(ids=[f"{name}{i}" for i in range(len(lens))], domains=["chat"] * len(lens),
+                      prompt_lens=[1] * len(lens), tokens=[list(range(n)) for n in lens],
+                      temperatures=[temperature] * len(lens))
+    rows = [torch.full((n, 2 * dim), float(10 * i + n)) for i, n in enumerate(lens)]
+    offsets = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()])
+    allf = torch.cat(rows)
+    return data, Features(offsets, allf[:, :dim], allf[:, dim:], [1])
+
+
+def test_greedy_and_sampled_sets_concatenate_with_their_features():
+    g, s = _set("g", [3, 5], 0.0), _set("s", [4], 0.8)
+    data, feats = concat([g, s])
+    assert data.ids == ["g0", "g1", "s0"] and data.temperatures == [0.0, 0.0, 0.8]
+    assert [data.temperature(i) for i in range(3)] == [0.0, 0.0, 0.8]
+    for i, (src, j) in enumerate([(g, 0), (g, 1), (s, 0)]):
+        torch.testing.assert_close(feats.final[feats.rows(i)], src[1].final[src[1].rows(j)])
+        torch.testing.assert_close(feats.captured[feats.rows(i)], src[1].captured[src[1].rows(j)])
+    old = DistillSet(ids=["a"], domains=["chat"], prompt_lens=[1], tokens=[[1, 2]])   # cached before sampling
+    assert old.temperature(0) == 0.0
