@@ -103,8 +103,48 @@ def _figures(rep: dict[str, Any]) -> dict[str, Any]:
         "per_source",
         "per_source_n",
         "per_source_confusion",
+        "per_source_table",
+        "per_language",
+        "uncertainty",
     )
     return {k: rep[k] for k in keys}
+
+
+# issue #16: the classifier's targets on unseen traffic
+TARGETS = {
+    "lolo_macro_f1": (">=", 0.90),
+    "loso_macro_f1": (">=", 0.95),
+    "ece": ("<=", 0.05),
+    "uncertainty_auroc": (">=", 0.85),
+    "latency_cpu_p99_4kb_us": ("<=", 200.0),
+    "latency_cpu_p99_100kb_us": ("<=", 1000.0),
+}
+
+
+def _acceptance(loso: dict[str, Any], lolo: dict[str, Any] | None, lat: Any) -> dict[str, Any]:
+    """Each target of issue #16 with its value(s) and whether it is met (None: not measured)."""
+    values: dict[str, list[float | None]] = {
+        "lolo_macro_f1": [lolo["macro_f1"] if lolo else None],
+        "loso_macro_f1": [loso["macro_f1"]],
+        "ece": [loso["ece"], lolo["ece"] if lolo else None],
+        "uncertainty_auroc": [
+            loso["uncertainty"]["auroc_entropy"],
+            lolo["uncertainty"]["auroc_entropy"] if lolo else None,
+        ],
+        "latency_cpu_p99_4kb_us": [lat.cpu_p99 if lat is not None else None],
+        "latency_cpu_p99_100kb_us": [lat.cpu_p99_100kb if lat is not None else None],
+    }
+    out: dict[str, Any] = {}
+    for name, (op, target) in TARGETS.items():
+        vals = [v for v in values[name] if v is not None]
+        met = None
+        if vals:
+            met = all(v >= target for v in vals) if op == ">=" else all(v <= target for v in vals)
+        shown: Any = values[name][0] if len(values[name]) == 1 else values[name]
+        if name in ("ece", "uncertainty_auroc"):
+            shown = {"leave_one_source_out": values[name][0], "leave_one_language_out": values[name][1]}
+        out[name] = {"value": shown, "target": f"{op} {target}", "met": met}
+    return out
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -146,19 +186,42 @@ def cmd_train(args: argparse.Namespace) -> int:
         loso_idx, loso_logits = T.leave_one_source_out(data, cfg, log=log)
     except ValueError as exc:  # a fold without one of the domains
         raise UserError(f"leave-one-source-out: {exc}") from None
+    langs = sorted({e.lang for e in ex if e.evaluate})
+    lolo_idx = lolo_logits = None
+    if len(langs) >= 2:
+        try:
+            lolo_idx, lolo_logits = T.leave_one_language_out(data, cfg, log=log)
+        except ValueError as exc:
+            raise UserError(f"leave-one-language-out: {exc}") from None
     y = data.matrix.y
-    temperature = T.fit_temperature(loso_logits, y[loso_idx])
-    loso_probs = T.apply_junk(T.softmax(loso_logits, temperature), data.matrix.junk[loso_idx])
-    loso = report(loso_probs, y[loso_idx], [ex[i].source for i in loso_idx])
-    loso_hard = hardest_confusions([ex[i] for i in loso_idx], loso_probs, y[loso_idx])
+    # one temperature for both kinds of unseen traffic: fitted on the pooled out-of-fold logits
+    pooled_logits = loso_logits if lolo_logits is None else np.vstack([loso_logits, lolo_logits])
+    pooled_y = y[loso_idx] if lolo_idx is None else np.concatenate([y[loso_idx], y[lolo_idx]])
+    temperature = T.fit_temperature(pooled_logits, pooled_y)
+
+    def section(idx: np.ndarray, logits: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
+        probs = T.apply_junk(T.softmax(logits, temperature), data.matrix.junk[idx])
+        rep = report(probs, y[idx], [ex[i].source for i in idx], [ex[i].lang for i in idx])
+        return rep, hardest_confusions([ex[i] for i in idx], probs, y[idx])
+
+    loso, loso_hard = section(loso_idx, loso_logits)
     log(
         f"leave-one-source-out: accuracy={loso['accuracy']:.4f} macro_f1={loso['macro_f1']:.4f} "
-        f"ece={loso['ece']:.4f} (temperature {temperature:.3f})"
+        f"ece={loso['ece']:.4f} uncertainty AUROC={loso['uncertainty']['auroc_entropy']} "
+        f"(temperature {temperature:.3f})"
     )
+    lolo: dict[str, Any] | None = None
+    lolo_hard: list[Any] = []
+    if lolo_idx is not None and lolo_logits is not None:
+        lolo, lolo_hard = section(lolo_idx, lolo_logits)
+        log(
+            f"leave-one-language-out: accuracy={lolo['accuracy']:.4f} macro_f1={lolo['macro_f1']:.4f} "
+            f"ece={lolo['ece']:.4f} uncertainty AUROC={lolo['uncertainty']['auroc_entropy']}"
+        )
 
     rs_idx, rs_logits = T.random_split(data, cfg, seed=args.seed)
     rs_probs = T.apply_junk(T.softmax(rs_logits, temperature), data.matrix.junk[rs_idx])
-    rs = report(rs_probs, y[rs_idx], [ex[i].source for i in rs_idx])
+    rs = report(rs_probs, y[rs_idx], [ex[i].source for i in rs_idx], [ex[i].lang for i in rs_idx])
     log(
         f"random split (80/20 by source x domain): accuracy={rs['accuracy']:.4f} "
         f"macro_f1={rs['macro_f1']:.4f} ece={rs['ece']:.4f}"
@@ -170,8 +233,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     version = f"{MODEL_VERSION}+{data.data_hash[:12]}"
     metrics = {
         "loso_macro_f1": round(loso["macro_f1"], 4),
+        "lolo_macro_f1": round(lolo["macro_f1"], 4) if lolo else None,
         "random_split_macro_f1": round(rs["macro_f1"], 4),
         "loso_ece": round(loso["ece"], 4),
+        "lolo_ece": round(lolo["ece"], 4) if lolo else None,
     }
     meta = {
         "version": version,
@@ -190,6 +255,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     clf = _load(str(artifact))
     prompts = [e for e in ex if e.evaluate]
     final = evaluate(clf, prompts, latency=not args.skip_latency)
+    lat = final.latency_us
     payload = {
         "version": version,
         "data_hash": data.data_hash,
@@ -201,32 +267,45 @@ def cmd_train(args: argparse.Namespace) -> int:
         "training": {
             "n_prompts": n_prompts,
             "n_extra": len(ex) - n_prompts,
+            "languages": langs,
             "extra_sources": sorted({e.source for e in ex if not e.evaluate}),
             "config": cfg.__dict__,
             "temperature": temperature,
+            "temperature_fitted_on": "pooled out-of-fold logits of leave-one-source-out"
+            + (" and leave-one-language-out" if lolo else ""),
             "seconds": round(train_s, 1),
         },
+        "acceptance": _acceptance(loso, lolo, None if args.skip_latency else lat),
         "leave_one_source_out": {**_figures(loso), "hardest_confusions": [c.model_dump() for c in loso_hard]},
+        "leave_one_language_out": (
+            {**_figures(lolo), "hardest_confusions": [c.model_dump() for c in lolo_hard]}
+            if lolo
+            else {"skipped": "the prompts have one language"}
+        ),
         "random_split": {**_figures(rs), "test_share": 0.2},
         # the final model on all shared prompts (in-sample), with the latency benchmark
         "accuracy": final.accuracy,
         "macro_f1": final.macro_f1,
         "ece": final.ece,
         "per_source": final.per_source,
-        "latency_us": final.latency_us.model_dump(),
+        "latency_us": lat.model_dump(),
         "latency_method": final.latency_method,
+        "unseen_checks": [c.model_dump() for c in final.unseen_checks],
         "final_model_in_sample": {
             "confusion": final.confusion,
             "mean_uncertainty": final.mean_uncertainty,
+            "per_language": final.per_language,
             "hardest_confusions": [c.model_dump() for c in final.hardest_confusions],
         },
     }
     _write_json(args.report, payload)
-    lat = final.latency_us
+    lolo_f1 = f"{lolo['macro_f1']:.4f}" if lolo else "n/a"
     print(
         f"leave-one-source-out macro_f1={loso['macro_f1']:.4f} ece={loso['ece']:.4f}; "
+        f"leave-one-language-out macro_f1={lolo_f1}; "
         f"random split macro_f1={rs['macro_f1']:.4f} ece={rs['ece']:.4f}; "
-        f"latency p50={lat.p50}us p99={lat.p99}us p99_100kb={lat.p99_100kb}us; "
+        f"latency p50={lat.p50}us p99={lat.p99}us p99_100kb={lat.p99_100kb}us "
+        f"(thread CPU p99 {lat.cpu_p99}us, 100KB {lat.cpu_p99_100kb}us); "
         f"artifact {artifact} ({size / 1e6:.2f} MB); report {args.report}"
     )
     return 0

@@ -99,7 +99,9 @@ def read_prompt_dir(path: str | Path) -> tuple[list[Example], list[Path]]:
                 source = rec.source or file.stem
                 lang = (rec.lang or "en").strip().lower() or "en"
                 out.append(
-                    Example(rec.request, rec.domain, source, source, rec.id or f"{source}/{lineno}", lang=lang)
+                    Example(
+                        rec.request, rec.domain, source, source, rec.id or f"{source}/{lineno}", lang=lang
+                    )
                 )
     return out, files
 

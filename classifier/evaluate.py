@@ -44,6 +44,9 @@ class Latency(BaseModel):
     cpu_p50: float = Field(description="median thread CPU time (excludes time the OS ran other work)")
     cpu_p99: float
     cpu_p99_100kb: float
+    cpu_p99_non_english: float | None = Field(
+        None, description="thread CPU p99 over the prompts up to 4 KB that carry a `lang` (not English)"
+    )
     n: int
     loadavg_1m: float | None = Field(
         description="machine load when measured (other processes compete for CPUs)"
@@ -62,11 +65,30 @@ class Confusion(BaseModel):
     examples: list[dict[str, Any]]
 
 
+class UnseenCheck(BaseModel):
+    text: str
+    expected: str
+    label: str
+    probability: float
+    uncertainty: float
+    ok: bool
+
+
 class EvalReport(BaseModel):
     accuracy: float
     macro_f1: float
     ece: float
     per_source: dict[str, float]
+    per_source_table: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per source: n, accuracy, macro_f1, ece, true domain counts"
+    )
+    per_language: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per language (`en` = no `lang` field): as per_source_table"
+    )
+    uncertainty: dict[str, Any] = Field(
+        default_factory=dict, description="how well the uncertainty separates wrong from right (AUROC)"
+    )
+    unseen_checks: list[UnseenCheck] = Field(default_factory=list)
     latency_us: Latency
     latency_method: str = Field(description="how latency_us was measured (same as latency_us.method)")
     n: int
@@ -78,6 +100,44 @@ class EvalReport(BaseModel):
     hardest_confusions: list[Confusion]
     mean_uncertainty: dict[str, float]
     artifact: dict[str, Any]
+
+
+# Requests in no data file, with the domain they must get (the README's example among them): short
+# arithmetic and the same word problem in several languages are math, a code request in a language
+# the data has no code prompt for is code, an information question with numbers in it is chat.
+UNSEEN_CHECKS: tuple[tuple[str, str], ...] = (
+    ("What is 12 * 7?", "math"),
+    ("What is 12 * 7? Answer with the number only.", "math"),
+    ("Was ist 12 * 7?", "math"),
+    ("12 乘以 7 等于多少？", "math"),
+    ("Anna has 3 apples and buys 5 more. How many apples does she have?", "math"),
+    ("Anna hat 3 Äpfel und kauft 5 weitere. Wie viele Äpfel hat sie jetzt?", "math"),
+    ("安娜有3个苹果，又买了5个。她现在一共有多少个苹果？", "math"),
+    ("Anna a 3 pommes et en achète 5 de plus. Combien de pommes a-t-elle maintenant ?", "math"),
+    ("Pythonでリストを並べ替える関数を書いてください。", "code"),
+    ("Напишите функцию на Python, которая переворачивает строку.", "code"),
+    ("Write a Python function that reverses a string.", "code"),
+    ("How many people live in Berlin?", "chat"),
+    ("Wie viele Einwohner hat Berlin?", "chat"),
+    ("Write a short poem about the sea.", "chat"),
+)
+
+
+def unseen_checks(clf: Classifier) -> list[UnseenCheck]:
+    out = []
+    for text, expected in UNSEEN_CHECKS:
+        label, probs, unc = clf.classify([{"role": "user", "content": text}])
+        out.append(
+            UnseenCheck(
+                text=text,
+                expected=expected,
+                label=label,
+                probability=round(probs[label], 4),
+                uncertainty=round(unc, 4),
+                ok=label == expected,
+            )
+        )
+    return out
 
 
 def _text_preview(request: Any, limit: int = 240) -> str:
@@ -184,7 +244,12 @@ LATENCY_METHOD = (
 
 
 def measure_latency(
-    clf: Classifier, requests: Sequence[Any], *, repeats: int = 3, n_100kb: int = 300
+    clf: Classifier,
+    requests: Sequence[Any],
+    *,
+    repeats: int = 3,
+    n_100kb: int = 300,
+    non_english: Sequence[bool] | None = None,
 ) -> Latency:
     """Time single `classify` calls: pinned to one CPU, GC disabled, after a warm-up pass.
 
@@ -249,6 +314,10 @@ def measure_latency(
     by_length["100KB"] = LatencyBucket(n=len(bt), p50=_pct(bt, 50), p99=_pct(bt, 99), cpu_p99=_pct(bc, 99))
     small_mask = n_arr <= 4096
     small = t_arr[small_mask]
+    cpu_non_english = None
+    if non_english is not None and any(non_english):
+        ne_mask = small_mask & np.tile(np.asarray(non_english, dtype=bool), repeats)
+        cpu_non_english = _pct(c_arr[ne_mask], 99) if ne_mask.any() else None
     return Latency(
         p50=_pct(small, 50),
         p99=_pct(small, 99),
@@ -259,6 +328,7 @@ def measure_latency(
         cpu_p50=_pct(c_arr[small_mask], 50),
         cpu_p99=_pct(c_arr[small_mask], 99),
         cpu_p99_100kb=_pct(bc, 99),
+        cpu_p99_non_english=cpu_non_english,
         n=int(small_mask.sum()),
         loadavg_1m=load,
         cpu_affinity=pinned,
@@ -277,7 +347,7 @@ def evaluate(
         probs[i] = [pred.probabilities[label] for label in LABELS]
         unc[i] = pred.uncertainty
     y = np.array([LABELS.index(ex.label) for ex in examples])
-    rep = report(probs, y, [ex.source for ex in examples])
+    rep = report(probs, y, [ex.source for ex in examples], [ex.lang for ex in examples])
     correct = probs.argmax(axis=1) == y
     mean_unc = {
         "all": float(unc.mean()) if len(unc) else 0.0,
@@ -285,7 +355,12 @@ def evaluate(
         "wrong": float(unc[~correct].mean()) if (~correct).any() else 0.0,
     }
     lat = (
-        measure_latency(clf, [ex.request for ex in examples], repeats=repeats)
+        measure_latency(
+            clf,
+            [ex.request for ex in examples],
+            repeats=repeats,
+            non_english=[ex.lang != "en" for ex in examples],
+        )
         if latency
         else Latency(
             p50=0,
@@ -306,6 +381,10 @@ def evaluate(
         macro_f1=rep["macro_f1"],
         ece=rep["ece"],
         per_source=rep["per_source"],
+        per_source_table=rep["per_source_table"],
+        per_language=rep["per_language"],
+        uncertainty=rep["uncertainty"],
+        unseen_checks=unseen_checks(clf),
         latency_us=lat,
         latency_method=lat.method,
         n=rep["n"],

@@ -1,4 +1,5 @@
-"""Classification metrics (pure numpy): accuracy, macro-F1, confusion, expected calibration error."""
+"""Classification metrics (pure numpy): accuracy, macro-F1, confusion, expected calibration error,
+per-group tables and how well the uncertainty separates wrong from right predictions (AUROC)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,74 @@ def ece(probs: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
     return float(total / len(y))
 
 
-def report(probs: np.ndarray, y: np.ndarray, sources: Sequence[str]) -> dict[str, Any]:
-    """The standard figures for a set of predictions."""
+def uncertainty(probs: np.ndarray) -> np.ndarray:
+    """Normalised entropy of each row (0 = certain, 1 = uniform): what `classify` reports."""
+    p = np.clip(probs, 1e-300, 1.0)
+    return np.clip(-(probs * np.log(p)).sum(axis=1) / np.log(probs.shape[1]), 0.0, 1.0)
+
+
+def auroc(score: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve of `score` for telling `positive` rows from the others (ties count
+    half); None when either side is empty."""
+    score = np.asarray(score, dtype=np.float64)
+    positive = np.asarray(positive, dtype=bool)
+    n_pos = int(positive.sum())
+    n_neg = positive.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(score, kind="mergesort")
+    ranks = np.empty(score.size, dtype=np.float64)
+    sorted_scores = score[order]
+    # average ranks over ties
+    starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
+    ends = np.r_[starts[1:], score.size]
+    avg = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(avg, ends - starts)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def uncertainty_quality(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """How well the uncertainty flags mistakes: AUROC of the normalised entropy (and of 1 - max
+    probability) for wrong vs right predictions, mean uncertainty of each, and the share of mistakes
+    made with probability above 0.95."""
+    pred = probs.argmax(axis=1)
+    wrong = pred != y
+    unc = uncertainty(probs)
+    conf = probs.max(axis=1)
+    return {
+        "auroc_entropy": auroc(unc, wrong),
+        "auroc_one_minus_max_prob": auroc(1.0 - conf, wrong),
+        "mean_uncertainty_wrong": float(unc[wrong].mean()) if wrong.any() else None,
+        "mean_uncertainty_right": float(unc[~wrong].mean()) if (~wrong).any() else None,
+        "n_wrong": int(wrong.sum()),
+        "wrong_with_p_over_0.95": int((wrong & (conf > 0.95)).sum()),
+    }
+
+
+def group_table(probs: np.ndarray, y: np.ndarray, groups: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per group: n, accuracy, macro-F1 (over the classes present in the group's labels or
+    predictions: a one-domain group with one mistake has macro-F1 0.5, so read it with the accuracy),
+    the true domain counts and ECE."""
+    pred = probs.argmax(axis=1)
+    g = np.asarray(groups)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(g.tolist())):
+        mask = g == name
+        counts = np.bincount(y[mask], minlength=len(LABELS))
+        out[name] = {
+            "n": int(mask.sum()),
+            "accuracy": round(float((pred[mask] == y[mask]).mean()), 4),
+            "macro_f1": round(macro_f1(y[mask], pred[mask]), 4),
+            "ece": round(ece(probs[mask], y[mask]), 4),
+            "domains": {LABELS[k]: int(counts[k]) for k in range(len(LABELS))},
+        }
+    return out
+
+
+def report(
+    probs: np.ndarray, y: np.ndarray, sources: Sequence[str], langs: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The standard figures for a set of predictions (`langs`: add the per-language table)."""
     pred = probs.argmax(axis=1)
     src = np.asarray(sources)
     per_source: dict[str, float] = {}
@@ -69,6 +136,9 @@ def report(probs: np.ndarray, y: np.ndarray, sources: Sequence[str]) -> dict[str
         "per_source": per_source,
         "per_source_n": per_source_n,
         "per_source_confusion": per_source_confusion,
+        "per_source_table": group_table(probs, y, sources),
+        "per_language": group_table(probs, y, langs) if langs is not None else {},
+        "uncertainty": uncertainty_quality(probs, y),
     }
 
 

@@ -3,16 +3,24 @@
 Two stages, both cheap to fit:
 
 1. A multinomial Naive Bayes over the hashed n-gram / word buckets (closed form: weighted bucket
-   counts per class). Its per-request score is the mean log-likelihood ratio of the request's
-   buckets (code vs chat, math vs chat).
+   shares per class). Its per-request score is the mean log-likelihood ratio of the request's
+   buckets (code vs chat, math vs chat). The ratios are contrasted *within* each language
+   (`nb_table`): a language only speaks to a pair of domains it has both of, with equal mass on both
+   sides, so the script and the common words of a language carry no domain evidence, only the words
+   that tell its domains apart do ("language is no evidence of domain").
 2. scikit-learn's `LogisticRegression` over the standardised dense features plus those two NB
-   scores. The NB scores the regression is trained on are *out-of-fold by source* (each source's
-   rows are scored by an NB fitted without that source), so the regression learns how far n-gram
-   evidence carries to a source it has not seen, instead of trusting in-sample NB scores.
+   scores. The NB scores the regression is trained on are out-of-fold: each row once as scored by an
+   NB fitted without its source, and once (weight `lang_oof`) as scored by an NB fitted without its
+   *language*, so the regression learns how far n-gram evidence carries to an unseen source and to an
+   unseen language, and leans on the script-independent features (digits, operators, equations,
+   code syntax, the multilingual marker lexicon) where the n-grams know nothing.
 
-Class balance: every domain gets the same total weight; inside a domain each source gets weight
-proportional to sqrt(its size), so gsm8k (6k items) does not drown the other math sources.
-Calibration: one temperature fitted by log-loss on out-of-fold (leave-one-source-out) logits.
+Balance (`sample_weights`): every domain gets the same total weight; inside a domain each language
+gets mass ~ n ** lang_power and inside that each source ~ n ** source_power, so gsm8k (6k items)
+does not drown the other math sources and English (mostly math) does not make "not English" mean
+"chat". Multilingual templates (`classifier.synthetic_ml`) give every language every domain.
+Calibration: one temperature fitted by log-loss on the pooled out-of-fold logits of
+leave-one-source-out and leave-one-language-out.
 
 Everything exported is a plain array, scored in numpy by `classifier.model.Classifier`.
 """
@@ -39,10 +47,11 @@ LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
 @dataclass(frozen=True)
 class TrainConfig:
     c: float = 0.1  # inverse L2 strength of the logistic regression
-    nb_alpha: float = 1.0  # additive smoothing of the Naive Bayes counts (relative to a uniform bucket)
+    nb_alpha: float = 0.1  # additive smoothing of the Naive Bayes counts (relative to a uniform bucket)
     nb_scale: float = 10.0  # NB scores are multiplied by this before the regression
     source_power: float = 0.5  # source mass inside a (language, domain) cell ~ n_source ** power
     lang_power: float = 0.5  # language mass inside a domain ~ n_(language, domain) ** power
+    lang_oof: float = 0.8  # share of the regression's weight on NB scores fitted without the row's language
     max_iter: int = 2000
 
 
@@ -157,7 +166,7 @@ def nb_table(
                 sub, _, cols = minus
                 wsub = np.zeros(cell_mass.size)
                 wsub[k::3] = wk
-                side -= sub @ wsub[cols]
+                side -= np.asarray(sub @ wsub[cols]).ravel()
                 np.maximum(side, 0.0, out=side)
             sides.append(np.log(side + a))
         out[:, d - 1] = sides[0] - sides[1]
@@ -169,10 +178,28 @@ def nb_scores(m: Matrix, rows: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def _cell_counts(m: Matrix, rows: np.ndarray, w: np.ndarray, cells: np.ndarray, n_cells: int):
-    """(N_BUCKETS, n_cells) weighted bucket shares and (n_cells,) weights of the rows' cells."""
+    """(N_BUCKETS, n_cells) weighted bucket shares (sparse) and (n_cells,) weights of the rows' cells."""
     onehot = sp.csr_matrix((w, (np.arange(len(rows)), cells)), shape=(len(rows), n_cells))
-    counts = (onehot.T @ m.shares[rows]).T.toarray()
+    counts = sp.csc_matrix((onehot.T @ m.shares[rows]).T)
     return counts, np.bincount(cells, weights=w, minlength=n_cells)
+
+
+def _nb_without(
+    m: Matrix,
+    idx: np.ndarray,
+    w: np.ndarray,
+    cells: np.ndarray,
+    rows: np.ndarray,
+    n_cells: int,
+    total: np.ndarray,
+    total_mass: np.ndarray,
+    cfg: TrainConfig,
+) -> np.ndarray:
+    """NB scores of `idx[rows]` from a table fitted on every training row but `rows`."""
+    cu, mass_u = _cell_counts(m, idx[rows], w[rows], cells[rows], n_cells)
+    used = np.flatnonzero(mass_u > 0)
+    table = nb_table(total, total_mass, cfg.nb_alpha, (cu[:, used], mass_u, used)) * cfg.nb_scale
+    return nb_scores(m, idx[rows], table)
 
 
 @dataclass
@@ -203,14 +230,21 @@ def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfi
     cells = np.array([3 * lang_index[examples[i].lang] for i in idx], dtype=np.int64) + m.y[idx]
     units = np.array([_unit(examples[i]) for i in idx])
     total, total_mass = _cell_counts(m, idx, w, cells, n_cells)
+    total = total.toarray()
     nb_oof = np.zeros((len(idx), 2))
     for u in sorted(set(units.tolist())):
         rows = np.flatnonzero(units == u)
-        cu, mass_u = _cell_counts(m, idx[rows], w[rows], cells[rows], n_cells)
-        used = np.flatnonzero(mass_u > 0)
-        minus = (cu[:, used], mass_u, used)
-        table = nb_table(total, total_mass, cfg.nb_alpha, minus) * cfg.nb_scale
-        nb_oof[rows] = nb_scores(m, idx[rows], table)
+        nb_oof[rows] = _nb_without(m, idx, w, cells, rows, n_cells, total, total_mass, cfg)
+    x_nb = [nb_oof]
+    w_rows = [w * (1.0 - cfg.lang_oof)]
+    if cfg.lang_oof > 0:  # the same rows, scored as if their language had never been seen
+        row_lang = cells // 3
+        nb_lang = np.zeros((len(idx), 2))
+        for k in np.unique(row_lang):
+            rows = np.flatnonzero(row_lang == k)
+            nb_lang[rows] = _nb_without(m, idx, w, cells, rows, n_cells, total, total_mass, cfg)
+        x_nb.append(nb_lang)
+        w_rows.append(w * cfg.lang_oof)
     # the artifact stores the table as float32: use exactly those values here too
     nb_full = (nb_table(total, total_mass, cfg.nb_alpha) * cfg.nb_scale).astype(np.float32).astype(np.float64)
 
@@ -219,9 +253,10 @@ def fit(examples: Sequence[Example], m: Matrix, idx: np.ndarray, cfg: TrainConfi
     sd = dense.std(axis=0)
     sd[sd < 1e-6] = 1.0
     z = np.clip((dense - mu) / sd, -6.0, 6.0)
-    x = np.hstack([z, nb_oof])
+    keep = [k for k, wk in enumerate(w_rows) if wk.sum() > 0]
+    x = np.vstack([np.hstack([z, x_nb[k]]) for k in keep])
     clf = LogisticRegression(C=cfg.c, max_iter=cfg.max_iter)
-    clf.fit(x, m.y[idx], sample_weight=w)
+    clf.fit(x, np.tile(m.y[idx], len(keep)), sample_weight=np.concatenate([w_rows[k] for k in keep]))
     coef = np.zeros((3, x.shape[1]))
     bias = np.zeros(3)
     coef[clf.classes_] = clf.coef_
@@ -304,6 +339,7 @@ def load_training_data(
 
     from classifier.data import code_references, corpus_chat, hash_files, read_prompt_dir, stdlib_code
     from classifier.synthetic import synthetic_examples
+    from classifier.synthetic_ml import multilingual_examples
 
     prompts, files = read_prompt_dir(prompts_dir)
     examples = list(prompts)
@@ -317,6 +353,7 @@ def load_training_data(
         examples += stdlib_code(500, seed=seed)
         examples += code_references(Path(prompts_dir))
         examples += synthetic_examples(300, seed=seed)
+        examples += multilingual_examples(60, seed=seed)
     return TrainingData(examples, featurise(examples), hash_files(files), [str(f) for f in files])
 
 
@@ -337,6 +374,29 @@ def leave_one_source_out(data: TrainingData, cfg: TrainConfig, log=print) -> tup
         logits[test_idx] = fitted.logits(data.matrix, test_idx)
         acc = float((logits[test_idx].argmax(1) == data.matrix.y[test_idx]).mean())
         log(f"  leave-one-source-out {s:<20} n={len(test_idx):<5} accuracy={acc:.3f}")
+    idx = np.flatnonzero(evaluate)
+    return idx, logits[idx]
+
+
+def leave_one_language_out(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold logits of every evaluated example, each from a model that never saw its language.
+
+    For each language of the evaluated prompts (English included), every example of that language
+    is held out: its prompts, and the extra training text written in it (the multilingual templates;
+    for English also the corpus dialogues, the standard-library code and the English templates). What
+    the model still knows of the language is the marker lexicon only. Returns (idx, logits).
+    """
+    ex = data.examples
+    langs = np.array([e.lang for e in ex])
+    evaluate = np.array([e.evaluate for e in ex])
+    logits = np.zeros((len(ex), 3))
+    for lang in sorted(set(langs[evaluate].tolist())):
+        train_idx = np.flatnonzero(langs != lang)
+        test_idx = np.flatnonzero((langs == lang) & evaluate)
+        fitted = fit(ex, data.matrix, train_idx, cfg)
+        logits[test_idx] = fitted.logits(data.matrix, test_idx)
+        acc = float((logits[test_idx].argmax(1) == data.matrix.y[test_idx]).mean())
+        log(f"  leave-one-language-out {lang:<4} n={len(test_idx):<6} accuracy={acc:.3f}")
     idx = np.flatnonzero(evaluate)
     return idx, logits[idx]
 

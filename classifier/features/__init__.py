@@ -6,9 +6,13 @@ Everything here is pure and deterministic, and costs a bounded amount of work pe
   string for completions) and keeps only the head and tail of long inputs, so a 100 KB prompt costs
   about as much as a 4 KB one.
 * `extract(sample, full_len)` returns `Features`: a dense vector of statistics (`DENSE_NAMES`: byte /
-  character entropy, shares of byte classes, line and word lengths, structural byte patterns, code /
-  math / chat lexicon counts) and the hashed bucket ids of the character 3/4/5-grams, words, word
-  bigrams and first word of the lower-cased, digit-folded, whitespace-folded sample.
+  character entropy, shares of character classes, line and word lengths, structural byte patterns,
+  code / math / chat lexicon counts, in about the same units in every script) and the hashed bucket
+  ids of the character 3/4/5-grams, words, word bigrams and first word of the lower-cased,
+  digit-folded, whitespace-folded sample. A character of a script written without spaces (CJK, kana,
+  Hangul, Thai) is a word of its own, and the marker lexicon has the cue words of the data's 13
+  languages (and Japanese) in the same groups (`multilingual`): the evidence is the domain word, not
+  the script.
 * `scan(sample, full_len)` computes all of it in a fixed number of C-level passes (the classifier runs
   on every request); `extract` returns the dense vector in `DENSE_NAMES` order (training and tests use
   it), `scan` in `FAST_ORDER` (the loaded classifier permutes its weights once, so scoring needs no
@@ -17,8 +21,10 @@ Everything here is pure and deterministic, and costs a bounded amount of work pe
 One concern per module:
 
 * `text`: the request text (`request_text`, head and tail of long inputs);
-* `hashing`: normalisation and the uint32 hashing primitives of words and n-grams;
-* `lexicon`: the marker word / bigram groups and their hashed lookup table;
+* `hashing`: normalisation (case and mark folding in every script) and the uint32 hashing
+  primitives of words and n-grams;
+* `lexicon`: the marker word / bigram groups and their hashed lookup table (`multilingual`: the
+  groups' words in other languages);
 * `dense`: what each dense statistic is (`DENSE_NAMES`, byte classes, pattern groups);
 * `tables`: the fast path's lookup tables, derived from the three above;
 * `fast`: `scan` and `extract`.
@@ -42,7 +48,7 @@ from classifier.features.text import (
     request_text,
 )
 
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 
 __all__ = [
     "DENSE_NAMES",

@@ -27,31 +27,34 @@ import numpy as np
 
 from classifier.features.dense import (
     CHAR_BINS,
-    RATE_WORDS,
     FAST_ORDER,
     LATEX_CMD_RE,
     N_CHAR_BINS,
     N_CLASSES,
     N_COUNTS,
     N_DENSE,
+    RATE_WORDS,
     TAG_RE,
 )
 from classifier.features.hashing import (
+    ASCII_WORD,
     ASCII_WS,
     BIGRAM_MULT,
+    CHAR_FOLD,
     FINAL,
     LOWER_FOLD,
     NGRAM_MULTS,
     SALTS,
     SHIFT,
+    SPLIT_LEN,
     T12,
     byte_pairs,
-    fold_symbols,
 )
 from classifier.features.lexicon import MARKER_SALT, MARKER_SHIFT
 from classifier.features.tables import (
     ALNUM_RE,
     ASCII_MASK,
+    B_NUM,
     B_START,
     C_ALNUM,
     C_CONTROL,
@@ -74,11 +77,14 @@ from classifier.features.tables import (
     JUNK_BLOCKS,
     MARKER_IDS,
     N_IDS,
+    N_SYMBOL_IDS,
     NGRAM_TABLE,
     NORM_COUNTS,
     NORM_PAIR,
     ONES_256,
     RAW_PAIR,
+    SYMBOL_CLASSES,
+    SYMBOL_IDS,
     XLOGX,
     xlog2x,
 )
@@ -92,6 +98,7 @@ _concatenate = np.concatenate
 _bincount = np.bincount
 _add_reduce = np.add.reduce
 _reduceat = np.add.reduceat
+_char_fold = CHAR_FOLD.apply
 
 
 class Features:
@@ -135,11 +142,13 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
         has_alnum = n_alnum > 0
         folded = raw.translate(LOWER_FOLD)
         check_eq = (n_digit and n_op) or n_equals
+        raw_pairs = None
     else:  # character entropy over code points hashed to 4093 bins, as the reference computes it
         cps = np.frombuffer(sample.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
         n_non_ascii = n_chars - (n_bytes - int(n_high))  # characters, not bytes
         if n_non_ascii <= 64:  # few: ASCII characters are the ASCII bytes, the others in Python
-            others = cps[cps >= 128].tolist()
+            hi = cps[cps >= 128]
+            others = hi.tolist()
             bins = Counter(cp % N_CHAR_BINS for cp in others)
             total = float(xlogx @ ASCII_MASK)
             for b, k in bins.items():
@@ -152,13 +161,18 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
             bad += sum(JUNK_BLOCK_BYTES[cp >> 8] for cp in others)
             has_alnum = n_alnum > 0 or any(chr(cp).isalnum() for cp in others)
         else:
+            hi = cps
             char_counts = _bincount(cps % CHAR_BINS, minlength=CHAR_BINS)
             char_h = max(0.0, math.log2(n_chars) - float(_add_reduce(XLOGX.take(char_counts))) / n_chars)
             bad += int(_add_reduce(JUNK_BLOCKS.take(cps >> 8)))
             has_alnum = n_alnum > 0 or ALNUM_RE.search(sample) is not None
         bad += sample.count("\ufffd")
-        # every script lower-cased; a few non-ASCII punctuation marks and operators folded to ASCII
-        folded = fold_symbols(sample.lower().encode("utf-8", errors="surrogatepass")).translate(LOWER_FOLD)
+        # cased scripts lower-cased, non-ASCII marks folded to ASCII (`hashing.FOLD_MAP`)
+        raw_pairs = byte_pairs(raw)
+        folded = _char_fold(raw, raw_pairs, counts).translate(LOWER_FOLD)
+        ids = SYMBOL_IDS.take(np.minimum(hi, 0xFFFF))  # class shares: a mark counts as ASCII too
+        if ids.any():
+            cc += _bincount(ids, minlength=N_SYMBOL_IDS) @ SYMBOL_CLASSES
         cc[C_HIGH] = n_non_ascii
         check_eq = True  # folded operators and digits may have no ASCII byte in `raw`
     junk = min(1.0, bad / n_chars)
@@ -175,6 +189,15 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     n = len(norm)  # >= 3: the sample has a non-whitespace byte
     pairs = byte_pairs(norm)
     p = NORM_PAIR.take(pairs)
+    if n_bytes != n_chars:  # an ASCII word byte right after a split character starts a word as well
+        a8 = np.frombuffer(norm, dtype=np.uint8)
+        after = SPLIT_LEN.take(a8).nonzero()[0]
+        if after.size:
+            after += SPLIT_LEN.take(a8.take(after))
+            after = after[after < n]
+            after = after[ASCII_WORD.take(a8.take(after))]
+            if after.size:
+                p[after - 1] |= np.where(a8.take(after) == 48, B_START | B_NUM, B_START).astype(np.uint8)
     starts = (p & B_START).view(bool).nonzero()[0]  # a word starts at byte starts[k] + 1
     n_words = starts.size
     q = np.left_shift(p[:-1], 7, dtype=np.int16)
@@ -223,7 +246,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     h5 ^= _SALT_5
     ids = []
     if n_bytes >= 2:
-        groups = RAW_PAIR.take(byte_pairs(raw))
+        groups = RAW_PAIR.take(byte_pairs(raw) if raw_pairs is None else raw_pairs)
         ids.append(groups[groups != 0] if n_bytes > 256 else groups)  # (bincount is slow per element)
     if n_words:
         # word keys then bigram keys; salted into `keys`, and looked up in the marker lexicon

@@ -42,6 +42,12 @@ WORD_BYTES[128:] = 1
 SPLIT_LEAD = np.zeros(256, dtype=bool)
 SPLIT_LEAD[0xE0] = True
 SPLIT_LEAD[0xE2:0xF5] = True
+SPLIT_LEN = np.zeros(256, dtype=np.intp)  # the UTF-8 length of a split character, by lead byte
+SPLIT_LEN[SPLIT_LEAD] = 3
+SPLIT_LEN[0xF0:0xF5] = 4
+# ASCII word bytes: one right after a split character starts a word too ("共3个", "用python写")
+ASCII_WORD = np.zeros(256, dtype=bool)
+ASCII_WORD[list(b"abcdefghijklmnopqrstuvwxyz0_")] = True
 _rng = np.random.default_rng(0x5EC7)
 # Per-byte and per-byte-pair random tables; non-word bytes contribute 0, so a word's hash is the sum
 # of its bytes' and adjacent byte pairs' entries (order-sensitive through the pairs).
@@ -51,6 +57,7 @@ T2 = _rng.integers(1, 2**32, size=(256, 256), dtype=np.uint64).astype(np.uint32)
 T2[WORD_BYTES == 0, :] = 0
 T2[:, WORD_BYTES == 0] = 0
 T2[:, SPLIT_LEAD] = 0  # a split character starts a word: no pair links it to the byte before
+T2[0x80:0xC0, ASCII_WORD] = 0  # ... nor the ASCII word after it (a continuation byte, then ASCII)
 T2 = T2.ravel()
 del _rng
 # Fast path: the contribution of byte i given the pair (x, y) = (byte i, byte i + 1) is T1[x] + T2[x, y]
@@ -67,54 +74,114 @@ def fold_ws(folded: bytes) -> bytes:
     return b" " + b" ".join(folded.split()) + b" "
 
 
-# Non-ASCII marks folded before hashing: Spanish / Arabic question and quotation marks (which would
-# otherwise glue to the next word), multiplication, division and minus signs, full-width operators
-# and digits, Arabic-Indic digits. (pattern, replacement), grouped by the pattern's first byte.
-_SYMBOLS: list[tuple[str, str]] = [
-    ("\u00bf", " "),  # inverted question mark
-    ("\u00a1", " "),  # inverted exclamation mark
-    ("\u00ab", " "),  # guillemets
-    ("\u00bb", " "),
-    ("\u060c", " "),  # Arabic comma
-    ("\u061b", " "),  # Arabic semicolon
-    ("\u061f", " "),  # Arabic question mark
-    ("\u00d7", "*"),  # multiplication sign
-    ("\u00f7", "/"),  # division sign
-    ("\u2212", "-"),  # minus sign
-    ("\u2264", "<="),
-    ("\u2265", ">="),
-    ("\uff0b", "+"),  # full-width plus, minus, times, divide, equals
-    ("\uff0d", "-"),
-    ("\uff0a", "*"),
-    ("\uff0f", "/"),
-    ("\uff1d", "="),
-    *[(chr(0xFF10 + d), "0") for d in range(10)],  # full-width digits
-    *[(chr(0x0660 + d), "0") for d in range(10)],  # Arabic-Indic digits
-    *[(chr(0x06F0 + d), "0") for d in range(10)],  # extended Arabic-Indic (Persian) digits
-]
-SYMBOL_FOLD: dict[int, list[tuple[bytes, bytes]]] = {}
-for _a, _b in _SYMBOLS:
-    _enc = _a.encode("utf-8")
-    SYMBOL_FOLD.setdefault(_enc[0], []).append((_enc, _b.encode("ascii")))
-SYMBOL_LEADS = [(bytes([lead]), pairs) for lead, pairs in sorted(SYMBOL_FOLD.items())]
+# Non-ASCII marks and their ASCII stand-ins. In the character-class shares every one counts as its
+# stand-in as well (a question is a question in every script: Arabic and CJK question marks, CJK
+# commas and full stops, full-width operators and digits); see `dense.SYMBOL_IDS`.
+SYMBOLS: dict[str, str] = {
+    "\u00bf": "?",  # inverted question and exclamation marks
+    "\u00a1": "!",
+    "\u00ab": '"',  # guillemets
+    "\u00bb": '"',
+    "\u060c": ",",  # Arabic comma, semicolon, question mark
+    "\u061b": ";",
+    "\u061f": "?",
+    "\u00d7": "*",  # multiplication and division signs
+    "\u00f7": "/",
+    "\u2212": "-",  # minus sign, less / greater or equal
+    "\u2264": "<",
+    "\u2265": ">",
+    "\u3002": ".",  # ideographic full stop and comma
+    "\u3001": ",",
+    "\uff0c": ",",  # full-width punctuation and operators
+    "\uff1f": "?",
+    "\uff01": "!",
+    "\uff1a": ":",
+    "\uff1b": ";",
+    "\uff08": "(",
+    "\uff09": ")",
+    "\uff0b": "+",
+    "\uff0d": "-",
+    "\uff0a": "*",
+    "\uff0f": "/",
+    "\uff1d": "=",
+    **{chr(0xFF10 + d): "0" for d in range(10)},  # full-width digits
+    **{chr(0x0660 + d): "0" for d in range(10)},  # Arabic-Indic digits
+    **{chr(0x06F0 + d): "0" for d in range(10)},  # extended Arabic-Indic (Persian) digits
+}
+
+# The hashed text maps two-byte characters to two-byte replacements before `LOWER_FOLD` (a few table
+# lookups over the byte pairs, `CharFold`, not a Python pass over characters):
+# * letters of Latin-1, Latin Extended-A/B, Greek and Cyrillic to lower case ("Как" and "как" are one
+#   word; ASCII is lower-cased by `LOWER_FOLD`);
+# * the two-byte marks of `SYMBOLS` to ASCII: Spanish inverted marks and guillemets to spaces (they
+#   would glue to the next word), Arabic punctuation to its ASCII stand-in and a space (it would
+#   glue to the word before), multiplication / division signs to `*` / `/` and a space ("12 × 7" is
+#   an equation), Arabic-Indic digits to `00` (every digit folds to zeros; a number stays one word).
+# Characters of three bytes or more are left as they are: CJK punctuation is a word of its own
+# anyway (`SPLIT_LEAD`), and upper-case Vietnamese letters with two diacritics stay upper case.
 
 
-def fold_symbols(buf: bytes) -> bytes:
-    """`buf` (UTF-8) with the marks of `_SYMBOLS` replaced by their ASCII stand-ins."""
-    for lead, pairs in SYMBOL_LEADS:
-        if lead in buf:
-            for pattern, repl in pairs:
-                if pattern in buf:
-                    buf = buf.replace(pattern, repl)
-    return buf
+def _fold_two_byte() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for lo, hi in ((0x00C0, 0x0250), (0x0370, 0x0530)):
+        for cp in range(lo, hi):
+            ch = chr(cp)
+            low = ch.lower()
+            if low != ch and len(low) == 1 and len(low.encode("utf-8")) == 2:
+                out[ch] = low
+    for ch, stand_in in SYMBOLS.items():
+        if len(ch.encode("utf-8")) != 2:
+            continue
+        if stand_in == "0":
+            out[ch] = "00"
+        elif stand_in in '?!"' and ch in "\u00bf\u00a1\u00ab\u00bb":
+            out[ch] = "  "
+        else:
+            out[ch] = stand_in + " "
+    return out
+
+
+FOLD: dict[str, str] = _fold_two_byte()
+
+
+class CharFold:
+    """`FOLD` applied to UTF-8 bytes: the pair of a two-byte lead (0xC2-0xDF) and the next byte always
+    starts a character, so the replacements are one table lookup over the byte pairs."""
+
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self.two = np.zeros(1 << 16, dtype=np.uint16)  # pair code -> replacement pair code
+        leads = np.zeros(256, dtype=bool)
+        for ch, repl in mapping.items():
+            src, dst = ch.encode("utf-8"), repl.encode("utf-8")
+            if not (len(src) == len(dst) == 2 and 0xC2 <= src[0] <= 0xDF):
+                raise ValueError(f"cannot map {ch!r} to {repl!r}")
+            self.two[src[0] + 256 * src[1]] = dst[0] + 256 * dst[1]
+            leads[src[0]] = True
+        self.leads = np.flatnonzero(leads)
+
+    def apply(self, raw: bytes, pairs: np.ndarray, counts: np.ndarray) -> bytes:
+        """`raw` (UTF-8, two bytes or more) mapped; `pairs` its `byte_pairs`, `counts` its byte
+        histogram (no lead byte of a mapped character: `raw` itself)."""
+        if not counts.take(self.leads).any():
+            return raw
+        r = self.two.take(pairs)
+        out = bytearray(raw)
+        # replacement pairs written through a stride-1 uint16 view: mapped characters never overlap
+        view = np.ndarray((len(raw) - 1,), dtype="<u2", buffer=out, strides=(1,))
+        np.copyto(view, r, where=r != 0)
+        return bytes(out)
+
+
+CHAR_FOLD = CharFold(FOLD)
 
 
 def lowered_utf8(sample: str) -> bytes:
-    """`sample` lower-cased in every script, as UTF-8, with `fold_symbols` applied (non-ASCII text);
-    ASCII text is returned as is (`LOWER_FOLD` lower-cases it)."""
-    if sample.isascii():
-        return sample.encode("ascii")
-    return fold_symbols(sample.lower().encode("utf-8", errors="surrogatepass"))
+    """`sample` as UTF-8 with `FOLD` applied (ASCII is lower-cased later, by `LOWER_FOLD`)."""
+    raw = sample.encode("utf-8", errors="surrogatepass")
+    if len(raw) == len(sample) or len(raw) < 2:
+        return raw
+    counts = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+    return CHAR_FOLD.apply(raw, byte_pairs(raw), counts)
 
 
 def normalise(sample: str) -> bytes:
@@ -134,7 +201,13 @@ def byte_pairs(buf: bytes) -> np.ndarray:
 def word_hashes(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(hashes uint32, start offsets) of the words in a normalised byte array (starts with a space)."""
     w = WORD_BYTES.take(arr)
-    starts = np.flatnonzero((w[1:] > w[:-1]) | SPLIT_LEAD.take(arr[1:])) + 1
+    start = np.zeros(arr.size, dtype=bool)
+    start[1:] = (w[1:] > w[:-1]) | SPLIT_LEAD.take(arr[1:])
+    after = np.flatnonzero(SPLIT_LEN.take(arr))
+    after = after + SPLIT_LEN.take(arr[after])
+    after = after[after < arr.size]
+    start[after[ASCII_WORD.take(arr[after])]] = True
+    starts = np.flatnonzero(start)
     if starts.size == 0:
         return np.zeros(0, dtype=np.uint32), starts
     a32 = arr.astype(np.intp)

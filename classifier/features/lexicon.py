@@ -10,21 +10,24 @@ from __future__ import annotations
 import numpy as np
 
 from classifier.features.hashing import FINAL, bigram_keys, normalise, word_hashes
+from classifier.features.multilingual import MULTILINGUAL
 
 _MARKER_TABLE_BITS = 20
 MARKER_SHIFT = np.uint32(32 - _MARKER_TABLE_BITS)
 MARKER_SALT = np.uint32(0x5BE0CD19)
 
 
-def _keys_of(phrase: str) -> np.uint32:
-    """The word (one word) or bigram (two words) key of a phrase, as the sample path computes it."""
+def _keys_of(phrase: str) -> list[int]:
+    """The word key (one word) or bigram keys (two or three words) of a phrase, as the sample path
+    computes them. Three "words" are the two character bigrams of a three-character word of a script
+    written without spaces (see `classifier.features.hashing`)."""
     arr = np.frombuffer(normalise(phrase), dtype=np.uint8)
     words, _ = word_hashes(arr)
     if words.size == 1:
-        return words[0]
-    if words.size == 2:
-        return bigram_keys(words)[0]
-    raise ValueError(f"marker phrase must have one or two words: {phrase!r}")
+        return [int(words[0])]
+    if words.size in (2, 3):
+        return [int(k) for k in bigram_keys(words)]
+    raise ValueError(f"marker phrase must have one to three words: {phrase!r}")
 
 
 # Word / bigram marker groups (pooled evidence that generalises across sources).
@@ -158,15 +161,24 @@ BIGRAM_GROUPS: dict[str, list[str]] = {
 }
 
 
+def group_phrases(name: str) -> list[str]:
+    """Every phrase of a marker group: the English ones, then those of `MULTILINGUAL`."""
+    english = WORD_GROUPS[name].split() if name in WORD_GROUPS else list(BIGRAM_GROUPS[name])
+    other = [
+        p.strip() for lang in sorted(MULTILINGUAL.get(name, {})) for p in MULTILINGUAL[name][lang].split("|")
+    ]
+    return english + [p for p in other if p]
+
+
 def _build_marker_table() -> tuple[np.ndarray, list[str]]:
     names = list(WORD_GROUPS) + list(BIGRAM_GROUPS)
+    assert set(MULTILINGUAL) <= set(names), set(MULTILINGUAL) - set(names)
     table = np.zeros(1 << _MARKER_TABLE_BITS, dtype=np.uint16)
     for bit, name in enumerate(names):
-        phrases = WORD_GROUPS[name].split() if name in WORD_GROUPS else BIGRAM_GROUPS[name]
-        for phrase in phrases:
-            key = np.array([_keys_of(phrase)], dtype=np.uint32)
-            slot = int(((key ^ MARKER_SALT) * FINAL >> MARKER_SHIFT)[0])
-            table[slot] |= np.uint16(1 << bit)
+        for phrase in group_phrases(name):
+            keys = np.array(_keys_of(phrase), dtype=np.uint32)
+            slots = ((keys ^ MARKER_SALT) * FINAL >> MARKER_SHIFT).astype(np.intp)
+            table[slots] |= np.uint16(1 << bit)
     return table, names
 
 

@@ -32,7 +32,7 @@ from classifier.features.dense import (
     PAIR_TABLE,
     STRUCT_NAMES,
 )
-from classifier.features.hashing import LOWER_FOLD, NGRAM_MULTS, SPLIT_LEAD, WORD_BYTES
+from classifier.features.hashing import LOWER_FOLD, NGRAM_MULTS, SPLIT_LEAD, SYMBOLS, WORD_BYTES
 from classifier.features.lexicon import MARKER_GROUPS, MARKER_TABLE
 
 # the fast path adds one column (ASCII letters and digits) to know whether the text has any
@@ -43,6 +43,16 @@ C_DIGIT, C_OP, C_EQUALS, C_DOLLAR, C_CONTROL, C_HIGH = (
     CLASS_NAMES.index(k) for k in ("digit", "operator", "equals", "dollar", "control", "non_ascii")
 )
 C_ALNUM = N_CLASSES  # the extra column: ASCII letters and digits
+
+# Non-ASCII marks in the class shares: code point (BMP; higher ones read as U+FFFF, no mark) -> id,
+# id -> the class counts of its ASCII stand-in (`hashing.SYMBOLS`)
+SYMBOL_IDS = np.zeros(1 << 16, dtype=np.uint8)
+SYMBOL_CLASSES = np.zeros((len(SYMBOLS) + 1, CLASS_MATRIX_X.shape[1]))
+for _k, (_ch, _stand_in) in enumerate(SYMBOLS.items(), start=1):
+    SYMBOL_IDS[ord(_ch)] = _k
+    SYMBOL_CLASSES[_k] = CLASS_MATRIX_X[ord(_stand_in)]
+N_SYMBOL_IDS = len(SYMBOLS) + 1
+assert SYMBOL_IDS[0xFFFF] == 0
 
 # Byte entropy from the histogram: H = log2(N) - sum(c * log2(c)) / N, with c * log2(c) from a table.
 _XLOGX_SIZE = 1 << 15
@@ -107,7 +117,8 @@ COUNT_MAP[N_PAIR_GROUPS, _S["camel_case"]] = 1.0
 
 # Normalised-text pair (x, y) -> pattern bits p; a triple (x, y, z) is the pairs p[i], p[i + 1], read
 # through `NORM_COUNTS[p[i] << 7 | p[i + 1]]`, whose packed fields count numbers, name(, a.b, a_b.
-B_START, _B_NUM, _B_CALL, _B_DOT_L, _B_DOT_R, _B_US_L, _B_US_R = (1 << k for k in range(7))
+B_START, B_NUM, _B_CALL, _B_DOT_L, _B_DOT_R, _B_US_L, _B_US_R = (1 << k for k in range(7))
+_B_NUM = B_NUM
 _wx, _wy = WORD_BYTES[_X] == 1, WORD_BYTES[_Y] == 1
 _ax, _ay = IS_ALNUM[_X], IS_ALNUM[_Y]
 NORM_PAIR = (
