@@ -56,6 +56,7 @@ class VllmRunner:
         time.sleep(1.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+        self.backend = None   # vLLM's AsyncLLM is shut down now, not by its finalizer at interpreter exit
 
 
 def run_vllm(args: Any, model_dir: Path, prompts: list, concurrencies: list[int], reference: dict[str, list[int]],
