@@ -62,7 +62,8 @@ def set_policy(url: str, **changes: Any) -> None:
 
 def test_gateway_lists_and_shows_the_vllm_pool(gateway: str) -> None:
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
-    assert "demo" in [m.id for m in client.models.list()]
+    cards = {m.id: (m.model_extra or {})["specroute"]["pools"] for m in client.models.list()}
+    assert {"pool": "vllm", "engine": "vllm", "drafter": "ngram"} in cards["demo"], cards
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         status, pools, _ = http(gateway + "/admin/pools", headers=ADMIN)
