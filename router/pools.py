@@ -292,6 +292,18 @@ class PoolManager:
         ids = {e.info.model_id for e in self.endpoints() if e.info is not None and e.info.model_id}
         return sorted(ids)
 
+    def pools_of_models(self) -> dict[str, list[dict[str, str]]]:
+        """Model id -> the pools serving it, with their engine and speculation (our engines or vLLM)."""
+        out: dict[str, list[dict[str, str]]] = {}
+        for name, eps in self.pools.items():
+            seen: set[str] = set()
+            for e in eps:
+                i = e.info
+                if i is not None and i.model_id and i.model_id not in seen:
+                    seen.add(i.model_id)
+                    out.setdefault(i.model_id, []).append({"pool": name, "engine": i.engine, "drafter": i.drafter})
+        return out
+
     def max_context(self, pool: str) -> int:
         vals = [e.info.max_context for e in self.pools.get(pool, ()) if e.info is not None and e.info.max_context]
         return min(vals) if vals else 0

@@ -7,7 +7,10 @@ A command module exposes `main(argv: list[str]) -> int`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
 import sys
 
 from specroute.errors import UserError
@@ -21,6 +24,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "classifier": ("classifier.cli", "train / evaluate the request classifier"),
     "bench": ("bench.cli", "benchmarks writing bench/results/*.json"),
 }
+
+
+# set by a process whose helpers must not outlive it (the vLLM backend, before vLLM spawns its engine core)
+DIE_WITH_PARENT_ENV = "SPECROUTE_DIE_WITH_PARENT"
+
+
+def die_with_parent_if_asked() -> None:
+    """Linux: a process spawned by the one named in `SPECROUTE_DIE_WITH_PARENT` gets SIGTERM when that
+    one dies, even by SIGKILL. vLLM starts its engine core with multiprocessing's spawn, which imports the
+    parent's main module (this one) as `__mp_main__` in the child: that import is the hook. Only direct
+    children (the engine core, not the workers it spawns in turn, which watch the engine core themselves)."""
+    want = os.environ.get(DIE_WITH_PARENT_ENV, "")
+    if not want.isdigit() or os.getppid() != int(want) or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != int(want):   # the parent died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _usage() -> str:
@@ -50,3 +73,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+elif __name__ == "__mp_main__":   # a multiprocessing child (spawn) of a `specroute` process
+    die_with_parent_if_asked()

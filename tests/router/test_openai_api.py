@@ -185,7 +185,11 @@ async def test_models(redis_url: str) -> None:
         r = await client.get("/v1/models")
         ids = [m["id"] for m in r.json()["data"]]
         assert ids == ["fake-model", "specroute"] and r.json()["object"] == "list"
-        assert (await client.get("/v1/models/fake-model")).status_code == 200
+        # which pools serve each model (the alias: every pool), with their engine: a vLLM pool shows as one
+        pools = {m["id"]: sorted(p["pool"] for p in m["specroute"]["pools"]) for m in r.json()["data"]}
+        assert pools["fake-model"] == pools["specroute"] and pools["fake-model"]
+        assert all(set(p) == {"pool", "engine", "drafter"} for m in r.json()["data"] for p in m["specroute"]["pools"])
+        assert (await client.get("/v1/models/fake-model")).json()["specroute"]["pools"]
         assert (await client.get("/v1/models/nope")).json()["error"]["code"] == "model_not_found"
         # the alias works as a model name too
         assert (await client.post("/v1/chat/completions", json={**CHAT, "model": "specroute"})).status_code == 200

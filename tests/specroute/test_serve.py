@@ -43,3 +43,19 @@ def test_supervisor_stops_its_children() -> None:
     sup.check_alive()
     sup.stop_all(timeout=10)
     assert a.proc.returncode is not None and b.proc.returncode is not None
+
+
+def test_vllm_pool_spec_becomes_worker_flags() -> None:
+    from specroute.errors import UserError
+    from specroute.serve import parse_vllm_pool
+
+    assert parse_vllm_pool("vllm=method=ngram,k=3") == ("vllm", ["--vllm-method", "ngram", "--k", "3"])
+    name, flags = parse_vllm_pool("vllm-draft=method=draft_model,drafter=models/small,max-num-batched-tokens=512")
+    assert name == "vllm-draft"
+    assert flags == ["--vllm-method", "draft_model", "--vllm-drafter", "models/small",
+                     "--engine-arg", "max_num_batched_tokens=512"]
+    assert parse_vllm_pool("gpu=") == ("gpu", [])
+    for bad in ("=method=ngram", "mtp=method=ngram", "v=method", "bad name=k=1"):
+        with pytest.raises(UserError):
+            parse_vllm_pool(bad)
+    assert build_parser().parse_args(["--vllm-pool", "a=k=1", "--vllm-pool", "b="]).vllm_pool == ["a=k=1", "b="]

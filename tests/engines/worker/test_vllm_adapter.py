@@ -1,4 +1,5 @@
-"""vLLM adapter: option -> speculative_config / engine / sampling kwargs, and stats mapping (no vLLM here)."""
+"""vLLM adapter, the pure part: options -> speculative_config / engine / sampling kwargs, --engine-arg parsing,
+chat token ids on transformers 5.x, and stats mapping (no vLLM needed; tests/vllm run the real engine)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import pytest
 from engines.requests import GenRequest
 from engines.sampling import SamplingParams
 from engines.vllm_adapter import (
+    CPU_DEFAULTS,
+    chat_ids,
     counter_deltas,
     engine_kwargs,
     find_spec_metrics,
+    parse_engine_args,
     sampling_kwargs,
     speculative_config,
     stats_from_vllm,
@@ -31,6 +35,13 @@ def test_speculative_config_mapping():
         speculative_config("dfly", drafter="/d")
     with pytest.raises(UserError, match="unknown"):
         speculative_config("medusa")
+    assert speculative_config("none") is None
+    assert speculative_config("ngram", k=4) == {"method": "ngram", "num_speculative_tokens": 4,
+                                                "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    assert speculative_config("draft_model", drafter="/small") == {
+        "method": "draft_model", "model": "/small", "num_speculative_tokens": 3}
+    with pytest.raises(UserError, match="draft model"):
+        speculative_config("draft_model")
 
 
 def test_engine_kwargs_from_settings():
@@ -39,8 +50,51 @@ def test_engine_kwargs_from_settings():
     kw = engine_kwargs(s)
     assert kw["model"] == "Qwen/Qwen3-8B" and kw["max_num_seqs"] == 64 and kw["max_model_len"] == 4096
     assert kw["speculative_config"] == {"method": "dflash", "model": "z-lab/dflash", "num_speculative_tokens": 7}
-    mtp = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2))
+    assert kw["per_request_spec_decode_metrics"] == "summary" and kw["gpu_memory_utilization"] == 0.9
+    mtp = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2, vllm_method="mtp"))
     assert mtp["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    # default without a drafter: ngram (any model, any device); on a CPU the CPU defaults, then --engine-arg
+    cpu = engine_kwargs(WorkerSettings(engine="vllm", model="m", engine_arg=["dtype=bfloat16", "max-num-batched-tokens=512"]),
+                        device="cpu")
+    assert cpu["speculative_config"]["method"] == "ngram" and "gpu_memory_utilization" not in cpu
+    assert cpu["dtype"] == "bfloat16" and cpu["max_num_batched_tokens"] == 512
+    assert cpu["enforce_eager"] is CPU_DEFAULTS["enforce_eager"]
+    plain = engine_kwargs(WorkerSettings(engine="vllm", model="m", vllm_method="none"), device="cpu")
+    assert "speculative_config" not in plain and "per_request_spec_decode_metrics" not in plain
+
+
+def test_engine_args_from_flags_and_file(tmp_path):
+    f = tmp_path / "args.json"
+    f.write_text('{"max-model-len": 2048, "enable_prefix_caching": false, "seed": 1}')
+    got = parse_engine_args(["seed=7", "speculative_config={\"method\": \"ngram\"}", "tokenizer=/t"], f)
+    assert got == {"max_model_len": 2048, "enable_prefix_caching": False, "seed": 7,
+                   "speculative_config": {"method": "ngram"}, "tokenizer": "/t"}
+    with pytest.raises(UserError, match="key=value"):
+        parse_engine_args(["novalue"])
+    f.write_text("[1]")
+    with pytest.raises(UserError, match="JSON object"):
+        parse_engine_args([], f)
+
+
+def test_chat_ids_with_the_installed_transformers():
+    """transformers 5.x returns a BatchEncoding from apply_chat_template(tokenize=True): `list()` of it is
+    its keys. The ids must equal our tokenizer's chat encoding of the same messages."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from engines.tokenizer import Tokenizer
+
+    demo = Path(__file__).resolve().parents[3] / "models" / "demo"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Write `def add(a, b):`"}]
+    ids = chat_ids(AutoTokenizer.from_pretrained(str(demo)), msgs)
+    assert ids == Tokenizer.load(demo).encode_chat(msgs) and all(isinstance(t, int) for t in ids)
+
+    class Legacy:   # transformers 4.x: a plain list
+        def apply_chat_template(self, *a, **kw):
+            return [5, 6, 7]
+
+    assert chat_ids(Legacy(), msgs) == [5, 6, 7]
 
 
 def test_sampling_kwargs():
@@ -59,6 +113,26 @@ def test_stats_mapping_from_per_request_summary():
     assert s.accepted_per_position == [4, 3, 3]           # steps accepting >= 1, >= 2, >= 3 drafts
     assert s.mean_accepted_length == pytest.approx(53 / 43)
     assert stats_from_vllm(None).acceptance.steps == 0
+
+
+def test_stats_mapping_from_vllm_record_and_plain_steps():
+    """vLLM 0.3x hands a RequestSpecDecodeMetrics (dense `histogram`, `to_dict()`); ngram steps without a
+    match verify nothing and count as plain target forwards in our `steps`."""
+
+    class Record:   # the shape of vllm.v1.metrics.stats.RequestSpecDecodeMetrics
+        histogram = [3, 1, 0, 2]
+        num_draft_tokens = 18
+        num_spec_tokens = 3
+
+        def to_dict(self):
+            return {"acceptance_histogram": list(self.histogram), "num_draft_tokens": self.num_draft_tokens,
+                    "num_spec_steps": 6, "num_accepted_draft_tokens": 7}
+
+    # 40 tokens = 1 (prefill) + 6 spec steps + 7 accepted + 26 plain steps
+    s = stats_from_vllm(Record(), 5, 40).acceptance
+    assert (s.steps, s.drafted, s.accepted, s.accepted_per_position) == (32, 18, 7, [3, 2, 2])
+    plain = stats_from_vllm(None, 5, 10).acceptance   # no speculation: an AR record
+    assert (plain.steps, plain.drafted, plain.accepted) == (9, 0, 0)
 
 
 def test_find_spec_metrics_across_layouts():
@@ -87,7 +161,7 @@ def test_vllm_backend_without_vllm_is_a_clear_error():
         pytest.skip("vllm installed")
     except ImportError:
         pass
-    from engines.vllm_adapter import VllmBackend
+    from engines.worker.vllm_backend import VllmBackend
 
-    with pytest.raises(UserError, match=r"specroute\[vllm\]"):
+    with pytest.raises(UserError, match=r"specroute\[vllm\].*install-vllm"):
         VllmBackend(WorkerSettings(engine="vllm", model="m"))

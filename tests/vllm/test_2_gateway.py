@@ -1,0 +1,132 @@
+"""A vLLM pool behind the gateway, end to end with the official `openai` client: the gateway (real uvicorn)
+lists it, routes to it, learns from the feedback vLLM's per-request speculative statistics produce (the
+routing-shift test of tests/router/test_admin_and_store.py with a real vLLM pool in place of one fake),
+and a vLLM worker killed mid-stream behaves like ours: the stream fails, the next requests go to the
+other pool, and vLLM's engine core does not outlive the worker. Runs last: it kills the session's worker.
+
+The other pool is the named test double of tests/router/fake_engine.py: a "dfly" pool whose drafter is
+wrong for code (acceptance 0.05, 400 ms steps), writing its feedback to the same Redis."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from tests.router.conftest import settings_for
+from tests.router.fake_engine import FakeConfig
+from tests.router.gateway_thread import GatewayThread
+from tests.vllm.conftest import VllmWorker, alive
+
+ADMIN = {"authorization": "Bearer s3cret"}
+CODE = [{"role": "user", "content": "Write a Python function `def add(a, b):` that returns a + b."}]
+
+
+def http(url: str, data: Any = None, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - loopback
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), e.headers
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_worker: VllmWorker) -> Iterator[str]:
+    redis.Redis.from_url(vllm_worker.redis_url).flushall()   # learning starts from nothing
+    bad = FakeConfig(name="dfly", engine="dfly", model_id="demo", acceptance={"code": 0.05}, step_ms=400.0,
+                     redis_url=vllm_worker.redis_url)
+    gw = GatewayThread(lambda addrs: settings_for({"dfly": addrs, "vllm": [vllm_worker.address]},
+                                                  vllm_worker.redis_url, stats_interval_s=0.05), [bad]).start()
+    try:
+        yield gw.url
+    finally:
+        gw.stop()
+
+
+def set_policy(url: str, **changes: Any) -> None:
+    _, doc, h = http(url + "/admin/policy", headers=ADMIN)
+    status, new, _ = http(url + "/admin/policy", {**doc, **changes}, "PUT", {**ADMIN, "if-match": h["etag"]})
+    assert status == 200, new
+
+
+def test_gateway_lists_and_shows_the_vllm_pool(gateway: str) -> None:
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
+    cards = {m.id: (m.model_extra or {})["specroute"]["pools"] for m in client.models.list()}
+    assert {"pool": "vllm", "engine": "vllm", "drafter": "ngram"} in cards["demo"], cards
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status, pools, _ = http(gateway + "/admin/pools", headers=ADMIN)
+        if status == 200 and pools["vllm"]["healthy"] and pools["vllm"]["endpoints"][0]["info"]:
+            break
+        time.sleep(0.1)
+    info = pools["vllm"]["endpoints"][0]["info"]
+    assert (info["engine"], info["drafter"], info["model_id"]) == ("vllm", "ngram", "demo"), pools
+    set_policy(gateway, exploration_rate=0.0, pins={"*": "vllm"})
+    r = client.chat.completions.create(model="demo", messages=CODE, max_tokens=12, temperature=0)
+    spec = (r.model_extra or {})["specroute"]
+    assert spec["pool"] == "vllm" and spec["steps"] > 0 and r.choices[0].message.content
+    stream = client.chat.completions.create(model="demo", messages=CODE, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == r.choices[0].message.content
+    _, metrics, _ = http(gateway + "/metrics")
+    assert 'pool="vllm"' in metrics
+    set_policy(gateway, pins={})
+
+
+def test_routing_shifts_code_traffic_to_the_vllm_pool(gateway: str, vllm_worker: VllmWorker) -> None:
+    """dfly (the default for code) accepts 5% of its drafts in 400 ms steps; vLLM's ngram pool, measured
+    from the feedback its worker writes (vLLM's per-request statistics and timings), does better: after
+    a bounded number of requests the gateway sends code to vLLM ("learned")."""
+    set_policy(gateway, exploration_rate=0.25, pins={},
+               learning={"min_samples": 3, "evidence_per_request": 8.0})
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
+    decisions: list[tuple[str, str]] = []
+    for _ in range(40):
+        raw = client.chat.completions.with_raw_response.create(model="demo", messages=CODE, max_tokens=8,
+                                                               temperature=0)
+        decisions.append((raw.headers["x-specroute-pool"], raw.headers["x-specroute-reason"]))
+        time.sleep(0.05)   # the feedback reaches the snapshot
+    learned = [i for i, (p, why) in enumerate(decisions) if why == "learned" and p == "vllm"]
+    tail = decisions[-10:]
+    share = sum(p == "vllm" for p, _ in tail) / len(tail)
+    print(f"routing shift to vLLM: first learned at request {learned[0] if learned else None}; "
+          f"vLLM share of the last 10: {share:.1f}; {decisions}")
+    assert learned and learned[0] <= 30
+    assert share >= 0.7
+    _, stats, _ = http(gateway + "/admin/stats", headers=ADMIN)
+    cells = {(c["domain"], c["pool"]): c for c in stats["cells"]}
+    print(f"code cells: vllm {cells[('code', 'vllm')]}; dfly {cells[('code', 'dfly')]}")
+    assert cells[("code", "vllm")]["n"] >= 3 and cells[("code", "dfly")]["acceptance_rate"] < 0.1
+
+
+def test_vllm_worker_killed_mid_stream_then_fallback(gateway: str, vllm_worker: VllmWorker) -> None:
+    set_policy(gateway, exploration_rate=0.0, pins={"*": "vllm"})
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Once upon a time"}],
+                                            max_tokens=600, stream=True, temperature=1.0, seed=1)
+    got = 0
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                got += 1
+                if got == 3:
+                    vllm_worker.proc.send_signal(signal.SIGKILL)
+    assert got >= 3
+    set_policy(gateway, pins={})
+    for _ in range(3):   # the next requests are served by the pool that is left
+        raw = client.chat.completions.with_raw_response.create(model="demo", messages=CODE, max_tokens=4)
+        assert raw.headers["x-specroute-pool"] == "dfly"
+    deadline = time.monotonic() + 30   # vLLM's engine core and its worker die with the worker
+    while time.monotonic() < deadline and any(alive(p) for p in vllm_worker.helpers):
+        time.sleep(0.2)
+    assert vllm_worker.helpers and not [p for p in vllm_worker.helpers if alive(p)], "vLLM processes outlived the worker"
