@@ -1,9 +1,7 @@
 """`specroute bench acceptance`: acceptance and speed of every drafter per domain and temperature.
 
-For each drafter configuration (MTP with k=3; DFlash and DFly at blocks 8 and 16), each domain (chat,
-code, math; held-out prompts the target and drafters never trained on) and each temperature (0, 0.7,
-1; the same prompts at each), one request at a time (batch 1), drafts sampled from the drafter at T > 0
-(`--no-sample-drafts`: greedy drafts):
+Per drafter configuration (MTP k=3; DFlash, DFly at blocks 8, 16), domain (chat, code, math; held-out
+prompts) and temperature (0, 0.7, 1; same prompts), batch 1, drafts sampled from q at T > 0 by default:
 
 - mean accepted length per verification step, bonus token included (vLLM's convention),
 - per-position acceptance rates (steps accepting draft i / steps),
