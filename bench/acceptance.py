@@ -1,9 +1,8 @@
 """`specroute bench acceptance`: acceptance and speed of every drafter per domain and temperature.
 
-For each drafter configuration (autoregressive ones at k=3 or their maximum, a tree's k being its depth;
-block drafters at blocks 8 and 16), each domain (chat, code, math; held-out prompts the target and
-drafters never trained on) and each temperature (0, 0.7, 1; the same prompts at each), one request at
-a time (batch 1), drafts sampled from the drafter at T > 0 (`--no-sample-drafts`: greedy drafts):
+Per drafter configuration (autoregressive ones at k=3 or their maximum, a tree's k its depth; block
+drafters at blocks 8, 16), domain (chat, code, math; held-out prompts) and temperature (0, 0.7, 1;
+same prompts), batch 1, drafts sampled from q at T > 0 by default (`--no-sample-drafts`: greedy):
 
 - mean accepted length per verification step, bonus token included (vLLM's convention),
 - per-position acceptance rates (steps accepting draft i / steps),
