@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import KeepAliveConn, parse_levels, read_chunks, read_head
 from specroute.errors import UserError
 from specroute.readiness import free_port, grpc_serving, poll_until
 
@@ -48,52 +49,24 @@ def percentile(xs: list[float], q: float) -> float:
 # clients (run inside client processes)
 
 
-class HTTPConn:
+class HTTPConn(KeepAliveConn):
     """Minimal HTTP/1.1 keep-alive client: POST JSON, read a Content-Length or chunked body."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
+        reader = await self.send(path, body)
+        status_line = await reader.readline()
         if not status_line:
             raise ConnectionError("server closed the connection")
         status = int(status_line.split()[1])
-        length, chunked, close = None, False, False
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
-            k, v = k.strip().lower(), v.strip().lower()
-            if k == "content-length":
-                length = int(v)
-            elif k == "transfer-encoding" and "chunked" in v:
-                chunked = True
-            elif k == "connection" and v == "close":
-                close = True
+        head = await read_head(reader)
         data = bytearray()
-        if chunked:
-            while True:
-                size = int((await self.reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    await self.reader.readline()
-                    break
-                data += await self.reader.readexactly(size)
-                await self.reader.readexactly(2)
-        elif length is not None:
-            data += await self.reader.readexactly(length)
-        if close:
-            self.writer.close()
-            self.writer = None
+        if head.chunked:
+            async for chunk in read_chunks(reader):
+                data += chunk
+        elif head.length is not None:
+            data += await reader.readexactly(head.length)
+        if head.close:
+            self.close()
         return status, bytes(data)
 
 
@@ -209,16 +182,6 @@ def _gateway_serves(port: int) -> bool:
     return status == 200
 
 
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise UserError(f"--concurrency {text!r}: expected integers like 1,16,64") from None
-    if not levels or min(levels) < 1:
-        raise UserError("--concurrency needs positive integers")
-    return levels
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench gateway", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench/results/", help="output directory (gateway.json)")
@@ -229,7 +192,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
     ap.add_argument("--worker", default=None, help="use this running worker HOST:PORT instead of starting one")
     args = ap.parse_args(argv)
-    levels = parse_levels(args.concurrency)
+    levels = parse_levels(args.concurrency, "1,16,64")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.routing_client import Result, run_segment
 from bench.routing_metrics import (
     FLEET_POOLS,
@@ -84,13 +85,7 @@ def parse_names(text: str, known: Sequence[str], what: str) -> list[str]:
 
 
 def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise UserError(f"--concurrency {text!r}: expected integers like 4,16") from None
-    if not levels or min(levels) < 1:
-        raise UserError("--concurrency needs positive integers")
-    return list(dict.fromkeys(levels))
+    return list(dict.fromkeys(common.parse_levels(text, "4,16")))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,15 @@ from typing import Any
 
 import orjson
 
+from bench.common import KeepAliveConn, read_chunks, read_head
 from bench.routing_trace import TraceItem
+
+# The gateway's decision, from the `specroute` object of the final usage event: (column of a row, key in
+# that object, type; missing keys read as the type's empty value).
+DECISION_COLUMNS: tuple[tuple[str, str, type[str] | type[int]], ...] = (
+    ("pool", "pool", str), ("reason", "reason", str), ("classified", "domain", str),
+    ("drafted", "drafted_tokens", int), ("accepted", "accepted_tokens", int), ("steps", "steps", int),
+)
 
 
 @dataclass
@@ -31,19 +39,13 @@ class Result:
     error: str = ""
     text: str = ""
     completion_tokens: int = 0
-    pool: str = ""
-    reason: str = ""
-    classified: str = ""
-    drafted: int = 0
-    accepted: int = 0
-    steps: int = 0
+    decision: dict[str, Any] = field(default_factory=lambda: {col: kind() for col, _, kind in DECISION_COLUMNS})
     extra: dict[str, Any] = field(default_factory=dict)
 
     def row(self, with_text: bool) -> dict[str, Any]:
         r: dict[str, Any] = {**self.item.row(), "t_send": round(self.t_send, 4), "t_first": round(self.t_first, 4),
                              "t_end": round(self.t_end, 4), "ok": self.ok, "completion_tokens": self.completion_tokens,
-                             "pool": self.pool, "reason": self.reason, "classified": self.classified,
-                             "drafted": self.drafted, "accepted": self.accepted, "steps": self.steps}
+                             **self.decision}
         if self.error:
             r["error"] = self.error[:200]
         if with_text:
@@ -51,55 +53,27 @@ class Result:
         return r
 
 
-class StreamConn:
+class StreamConn(KeepAliveConn):
     """One keep-alive connection: POST a JSON body, read a chunked SSE body event by event."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
     async def request(self, path: str, body: bytes, res: Result, t0: float) -> None:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        self.writer.write((f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                           f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        status = int((await self.reader.readline()).split()[1])
-        chunked, length, close = False, 0, False
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
-            k, v = k.strip().lower(), v.strip().lower()
-            chunked |= k == "transfer-encoding" and "chunked" in v
-            length = int(v) if k == "content-length" else length
-            close |= k == "connection" and v == "close"
-        if not chunked:
-            data = await self.reader.readexactly(length)
+        reader = await self.send(path, body)
+        status = int((await reader.readline()).split()[1])
+        head = await read_head(reader)
+        if not head.chunked:
+            data = await reader.readexactly(head.length or 0)
             res.error = f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}"
         else:
             buf = b""
             parts: list[str] = []
-            while True:
-                size = int((await self.reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    await self.reader.readline()
-                    break
-                buf += await self.reader.readexactly(size)
-                await self.reader.readexactly(2)
+            async for chunk in read_chunks(reader):
+                buf += chunk
                 while b"\n\n" in buf:
                     ev, buf = buf.split(b"\n\n", 1)
                     self._event(ev, res, parts, t0)
             res.text = "".join(parts)
             res.ok = status == 200 and not res.error and res.t_end > 0
-        if close:
+        if head.close:
             self.close()
 
     @staticmethod
@@ -124,9 +98,7 @@ class StreamConn:
             res.completion_tokens = int(obj["usage"].get("completion_tokens", 0))
         spec = obj.get("specroute")
         if spec:
-            res.pool, res.reason, res.classified = spec.get("pool", ""), spec.get("reason", ""), spec.get("domain", "")
-            res.drafted, res.accepted = int(spec.get("drafted_tokens", 0)), int(spec.get("accepted_tokens", 0))
-            res.steps = int(spec.get("steps", 0))
+            res.decision = {col: kind(spec.get(key, kind())) for col, key, kind in DECISION_COLUMNS}
 
 
 def request_body(it: TraceItem, max_tokens: int, model: str = "specroute") -> bytes:

@@ -377,22 +377,10 @@ def evaluate(
         )
     )
     return EvalReport(
-        accuracy=rep["accuracy"],
-        macro_f1=rep["macro_f1"],
-        ece=rep["ece"],
-        per_source=rep["per_source"],
-        per_source_table=rep["per_source_table"],
-        per_language=rep["per_language"],
-        uncertainty=rep["uncertainty"],
+        **rep,  # `metrics.report`'s standard figures, one field each (accuracy, macro_f1, ece, per_source...)
         unseen_checks=unseen_checks(clf),
         latency_us=lat,
         latency_method=lat.method,
-        n=rep["n"],
-        binary_accuracy=rep["binary_accuracy"],
-        binary_macro_f1=rep["binary_macro_f1"],
-        confusion=rep["confusion"],
-        per_source_n=rep["per_source_n"],
-        per_source_confusion=rep["per_source_confusion"],
         hardest_confusions=hardest_confusions(examples, probs, y),
         mean_uncertainty=mean_unc,
         artifact={

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,12 +302,7 @@ def to_classifier(fitted: Fitted, temperature: float, meta: dict) -> Classifier:
     from classifier.model import ArtifactInfo, feature_config
 
     return Classifier(
-        w_dense=fitted.w_dense,
-        w_nb=fitted.w_nb,
-        nb=fitted.nb,
-        bias=fitted.bias,
-        mu=fitted.mu,
-        sd=fitted.sd,
+        **vars(fitted),  # w_dense, w_nb, nb, bias, mu, sd: the fitted weights are the artifact's
         temperature=temperature,
         info=ArtifactInfo(
             version=str(meta.get("version", "")),
@@ -362,20 +357,10 @@ def leave_one_source_out(data: TrainingData, cfg: TrainConfig, log=print) -> tup
 
     Returns (idx, logits). Extra text derived from a source (its references) is held out with it.
     """
-    ex = data.examples
-    groups = np.array([e.group for e in ex])
-    evaluate = np.array([e.evaluate for e in ex])
-    sources = sorted({e.source for e in ex if e.evaluate})
-    logits = np.zeros((len(ex), 3))
-    for s in sources:
-        train_idx = np.flatnonzero(groups != s)
-        test_idx = np.flatnonzero((groups == s) & evaluate)
-        fitted = fit(ex, data.matrix, train_idx, cfg)
-        logits[test_idx] = fitted.logits(data.matrix, test_idx)
-        acc = float((logits[test_idx].argmax(1) == data.matrix.y[test_idx]).mean())
-        log(f"  leave-one-source-out {s:<20} n={len(test_idx):<5} accuracy={acc:.3f}")
-    idx = np.flatnonzero(evaluate)
-    return idx, logits[idx]
+    sources = sorted({e.source for e in data.examples if e.evaluate})
+    groups = np.array([e.group for e in data.examples])
+    line = "  leave-one-source-out {held:<20} n={n:<5} accuracy={acc:.3f}"
+    return _held_out_logits(data, cfg, groups, sources, line, log)
 
 
 def leave_one_language_out(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[np.ndarray, np.ndarray]:
@@ -386,17 +371,33 @@ def leave_one_language_out(data: TrainingData, cfg: TrainConfig, log=print) -> t
     for English also the corpus dialogues, the standard-library code and the English templates). What
     the model still knows of the language is the marker lexicon only. Returns (idx, logits).
     """
+    langs = np.array([e.lang for e in data.examples])
+    evaluated = sorted({e.lang for e in data.examples if e.evaluate})
+    line = "  leave-one-language-out {held:<4} n={n:<6} accuracy={acc:.3f}"
+    return _held_out_logits(data, cfg, langs, evaluated, line, log)
+
+
+def _held_out_logits(
+    data: TrainingData,
+    cfg: TrainConfig,
+    keys: np.ndarray,
+    held: list[str],
+    line: str,
+    log: Callable[[str], object],
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each value in `held` (in order), fit on the examples whose key differs and score the
+    evaluated ones whose key equals it; `line` is the log format ({held}, {n}, {acc}). Returns
+    (idx, logits) of every evaluated example."""
     ex = data.examples
-    langs = np.array([e.lang for e in ex])
     evaluate = np.array([e.evaluate for e in ex])
     logits = np.zeros((len(ex), 3))
-    for lang in sorted(set(langs[evaluate].tolist())):
-        train_idx = np.flatnonzero(langs != lang)
-        test_idx = np.flatnonzero((langs == lang) & evaluate)
+    for value in held:
+        train_idx = np.flatnonzero(keys != value)
+        test_idx = np.flatnonzero((keys == value) & evaluate)
         fitted = fit(ex, data.matrix, train_idx, cfg)
         logits[test_idx] = fitted.logits(data.matrix, test_idx)
         acc = float((logits[test_idx].argmax(1) == data.matrix.y[test_idx]).mean())
-        log(f"  leave-one-language-out {lang:<4} n={len(test_idx):<6} accuracy={acc:.3f}")
+        log(line.format(held=value, n=len(test_idx), acc=acc))
     idx = np.flatnonzero(evaluate)
     return idx, logits[idx]
 

@@ -85,11 +85,12 @@ def make_batcher(engine: LoadedEngine, config: BatcherConfig, dcut: bool = False
 
 def new_dcut(engine: LoadedEngine, decoder: SpecDecoder, config: BatcherConfig, threads: int,
              profile_dir: str | Path | None = None) -> DcutController | None:
-    """D-Cut for a batcher of `config` over `decoder` (None for AR or k = 0: nothing to cut)."""
+    """D-Cut for a batcher of `config` over `decoder` (None for AR, k = 0 or a drafter D-Cut does not
+    apply to, such as a tree: nothing to cut)."""
     from engines.dcut.profile import load_or_profile
 
     k = engine.block_size if config.k is None else min(config.k, engine.block_size)
-    if engine.drafter is None or k <= 0:
+    if engine.drafter is None or k <= 0 or not engine.drafter.supports_dcut:
         return None
     table = load_or_profile(engine.target, engine.model_dir, k, threads, cache_dir=profile_dir, decoder=decoder,
                             context=min(256, max(8, config.max_len // 2)),

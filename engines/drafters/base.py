@@ -70,6 +70,8 @@ class Drafter(nn.Module):
     # `context_kv`, `backbone`, `draft_logits`)
     objective: ClassVar[str] = ""
     objective_note: ClassVar[str] = ""   # appended to the family's description in the training report
+    # D-Cut applies: proposals are chains whose per-position confidences D-Cut can cut (a tree is not)
+    supports_dcut: ClassVar[bool] = True
 
     cfg: DraftConfig
 

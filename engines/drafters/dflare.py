@@ -25,11 +25,7 @@ from engines.model import RMSNorm, Transformer, apply_rope, rope_cos_sin
 class DFlareDrafter(DFlashDrafter):
     kind = "dflare"
     objective_note = "per-layer softmax mix of the target layers, own context K/V projections"
-
-    @classmethod
-    def config_overrides(cls, target: Transformer) -> dict[str, object]:
-        """DFlash's (two layers, three target layers, block 16) with per-layer fusion."""
-        return {**super().config_overrides(target), "fusion": True}
+    variant_overrides = {"fusion": True}      # DFlash's defaults with per-layer fusion
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
         if not cfg.fusion:

@@ -12,6 +12,8 @@ positions < n and, non-causally, to itself; slots 1..B-1 are the drafts.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -34,11 +36,13 @@ class DFlashDrafter(Drafter):
     kind = "dflash"
     objective = "block"
 
+    variant_overrides: ClassVar[dict[str, object]] = {}   # what a variant adds to DFlash's defaults
+
     @classmethod
     def config_overrides(cls, target: Transformer) -> dict[str, object]:
-        """Two layers reading 3 target layers, block 16."""
-        return dict(num_layers=2, target_layer_ids=default_target_layers(target.config.num_hidden_layers),
-                    block_size=16, mask_token_id=MASK_TOKEN_ID)
+        """Two layers reading 3 target layers, block 16 (and a variant's `variant_overrides`)."""
+        return {"num_layers": 2, "target_layer_ids": default_target_layers(target.config.num_hidden_layers),
+                "block_size": 16, "mask_token_id": MASK_TOKEN_ID, **cls.variant_overrides}
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
         if cfg.mask_token_id is None or cfg.block_size < 2 or not cfg.target_layer_ids:
@@ -151,8 +155,14 @@ class DFlashDrafter(Drafter):
         if k <= 0:
             return empty_proposal(ctx.slots.shape[0])
         h = self.block_hidden(ctx)[:, 1:k + 1]                  # [B, k, H]
+        return self.draft_block(ctx, h, temperature, top_p, generator)
+
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+                    generator: torch.Generator | None) -> Proposal:
+        """The drafts from the block pass's hidden of the k draft slots h [B, k, H] (k >= 1; under
+        `propose`'s no_grad). Variants that read more than h (the previous draft token) override this."""
         head = self.draft_head
         logits = head.logits(h)                                 # [B, k, N]
-        B = h.shape[0]
+        B, k = h.shape[:2]
         tok, conf, probs = head.pick(logits.reshape(B * k, -1), temperature, top_p, self.sample_drafts, generator)
         return Proposal(tok.view(B, k), conf.view(B, k), None if probs is None else probs.view(B, k, -1))

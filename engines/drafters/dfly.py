@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from engines.drafters.base import DraftContext, Proposal
 from engines.drafters.config import DraftConfig
 from engines.drafters.dflash import DFlashDrafter
-from engines.drafters.layers import empty_proposal
 from engines.model import RMSNorm, Transformer
 
 
@@ -83,14 +82,10 @@ class DFlyDrafter(DFlashDrafter):
         assert self._table is not None
         return self._table
 
-    @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        k = min(k, self.max_draft)
-        B = ctx.slots.shape[0]
-        if k <= 0:
-            return empty_proposal(B)
-        h = self.block_hidden(ctx)[:, 1:k + 1]       # [B, k, H]
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+                    generator: torch.Generator | None) -> Proposal:
+        """h [B, k, H]: each slot's hidden is corrected with the draft before it, then read."""
+        B, k = h.shape[:2]
         c, head = self.correction, self.draft_head
         pre = c.pre(h)                               # [B, k, 2I]
         prev = ctx.last_token

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from engines.drafters.base import DraftContext, Proposal
 from engines.drafters.config import DraftConfig
 from engines.drafters.dflash import DFlashDrafter
-from engines.drafters.layers import empty_proposal
 from engines.model import Transformer
 
 MARKOV_RANK = 32
@@ -39,11 +38,7 @@ class DSparkDrafter(DFlashDrafter):
     kind = "dspark"
     objective = "spark"
     objective_note = "Markov bias teacher-forced; confidence head BCE on acceptance"
-
-    @classmethod
-    def config_overrides(cls, target: Transformer) -> dict[str, object]:
-        """DFlash's (two layers, three target layers, block 16) with a rank-32 bigram bias."""
-        return {**super().config_overrides(target), "markov_rank": MARKOV_RANK}
+    variant_overrides = {"markov_rank": MARKOV_RANK}      # DFlash's defaults with a rank-32 bigram bias
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
         if cfg.markov_rank <= 0:
@@ -85,14 +80,10 @@ class DSparkDrafter(DFlashDrafter):
             self._rows = (head, w.detach().to(head.weight.dtype).contiguous())
         return self._rows[1]
 
-    @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> Proposal:
-        k = min(k, self.max_draft)
-        B = ctx.slots.shape[0]
-        if k <= 0:
-            return empty_proposal(B)
-        h = self.block_hidden(ctx)[:, 1:k + 1]                   # [B, k, H]
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+                    generator: torch.Generator | None) -> Proposal:
+        """h [B, k, H]: each slot's logits get the Markov bias of the draft before it."""
+        k = h.shape[1]
         head, rows = self.draft_head, self.markov_rows()
         base = head.logits(h)                                    # [B, k, N] fp32
         sampling = self.sample_drafts and temperature > 0.0

@@ -35,6 +35,7 @@ class Eagle3Drafter(MTPDrafter):
     kind = "eagle3"
     objective = "eagle"
     objective_note = "fused low/mid/high target layers; tree drafting (top-k per node)"
+    supports_dcut = False   # D-Cut's cost model and calibration are per chain position; a tree is verified whole
 
     @classmethod
     def label(cls, draft_len: int) -> str:
