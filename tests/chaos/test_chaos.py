@@ -79,7 +79,11 @@ class System:
         if not poll_until(lambda: httpx.get(self.url + "/readyz", timeout=2).status_code == 200, 420, 0.5,
                           alive=self._alive):
             raise AssertionError(f"specroute serve not ready:\n{self.tail()}")
-        m = re.search(r"admin token: `cat ([^`]+)`", self.log_path.read_text())
+        # serve prints its banner (with the token hint) once every part answered its own check, which
+        # can come a moment after the gateway's /readyz does
+        hint = re.compile(r"admin token: `cat ([^`]+)`")
+        poll_until(lambda: hint.search(self.log_path.read_text(errors="replace")), 60, 0.2, alive=self._alive)
+        m = hint.search(self.log_path.read_text(errors="replace"))
         assert m, f"no admin token hint in the log:\n{self.tail()}"
         self.token = Path(m.group(1)).read_text().strip()
         self.acknowledged: list[int] = []  # policy versions the admin API confirmed
