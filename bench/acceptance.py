@@ -352,7 +352,7 @@ def main(argv: list[str]) -> int:
                time_budget_s=args.time_budget, sample_drafts=args.sample_drafts)
     report = AcceptanceReport(meta={
         "model": str(model_dir), "max_tokens": args.max_tokens, "threads": args.threads,
-        "prompt_split": "held-out (engines.training.data.is_heldout), chat template",
+        "prompt_split": "held-out (specroute.contracts.split.is_heldout), chat template",
         "batch_size": 1, "torch": torch.__version__, "seed": args.seed,
         "drafting_at_t_gt_0": "sampled from q" if args.sample_drafts else "greedy (q one-hot)",
         "cpu": cpu_name(), "cpu_count": os.cpu_count(),

@@ -241,8 +241,8 @@ def main(argv: list[str]) -> int:
                  "wall_s": round(time.time() - t_start, 1), "data_dir": str(data_dir()),
                  "heldout_prompts": len(prompts)},
         "notes": [
-            "prompts: the engines' held-out split (is_heldout, 10% by id hash) of every source; the classifier "
-            "trained on all English prompt files, so only non-English items are unseen by it as well",
+            "prompts: the held-out split (specroute.contracts.split.is_heldout, 10% by id hash) of every source: "
+            "the target, the drafters and the classifier's final model were all trained without them",
             "all processes (2 workers x 1 torch thread, gateway, Redis, load generator) share the machine's CPUs",
             "per cell and arm: statistics deleted, then --warmup-requests unmeasured requests of the first phase",
         ],

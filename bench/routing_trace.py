@@ -1,10 +1,9 @@
 """Traces of `specroute bench routing` (pure: prompts in, a seeded request list out).
 
-Prompts come from the engines' held-out split (`engines.training.data.is_heldout`, 10% of every
-source by a hash of the item id): no target or drafter was trained on them. The classifier was trained
-on every English prompt file (bench/results/classifier.json: 12,267 prompts = all English items), so
-for English traffic "held out" holds for the models only; the non-English items (S6) were seen by
-neither. Warm-up requests draw from the same held-out pool but never reuse a measured prompt.
+Prompts come from the held-out split (`specroute.contracts.split.is_heldout`, 10% of every source by
+a hash of the item id): the target, the drafters and the classifier's final model were all trained
+without them (`specroute classifier train` leaves them out of its final fit), in every language.
+Warm-up requests draw from the same held-out pool but never reuse a measured prompt.
 
 Scenarios (`SCENARIOS`): a request count (`requests_factor` x the run's `--requests-per-scenario`:
 S3 and S4 run twice as many, so that as many follow their change as a plain scenario has) and a list
@@ -95,7 +94,7 @@ def temp_bucket(t: float) -> str:
 
 def read_prompts(root: Path, max_chars: int = MAX_PROMPT_CHARS) -> list[Prompt]:
     """Held-out prompts of `root/prompts/*.jsonl` (string prompts of at most `max_chars`), sorted by id."""
-    from engines.training.data import is_heldout
+    from specroute.contracts.split import is_heldout
 
     out: list[Prompt] = []
     for path in sorted((root / "prompts").glob("*.jsonl")):

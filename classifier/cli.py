@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specroute.contracts.split import is_heldout
 from specroute.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +228,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"macro_f1={rs['macro_f1']:.4f} ece={rs['ece']:.4f}"
     )
 
-    fitted = T.fit(ex, data.matrix, np.arange(len(ex)), cfg)
+    # the final model never sees the held-out split (specroute.contracts.split), the prompts the
+    # benchmarks replay: routing is measured on traffic no model of the system was trained on
+    final_idx = np.array([i for i, e in enumerate(ex) if not (e.id and is_heldout(e.id))], dtype=np.int64)
+    log(f"final model: {len(final_idx)} examples ({len(ex) - len(final_idx)} held-out items left out)")
+    fitted = T.fit(ex, data.matrix, final_idx, cfg)
     train_s = time.perf_counter() - t0
     trained_at = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     version = f"{MODEL_VERSION}+{data.data_hash[:12]}"
@@ -267,6 +272,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "training": {
             "n_prompts": n_prompts,
             "n_extra": len(ex) - n_prompts,
+            "final_model_examples": len(final_idx),
+            "final_model_excludes": "the held-out split (specroute.contracts.split.is_heldout of the item id)",
             "languages": langs,
             "extra_sources": sorted({e.source for e in ex if not e.evaluate}),
             "config": cfg.__dict__,

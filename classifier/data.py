@@ -195,5 +195,6 @@ def code_references(path: Path, sources: tuple[str, ...] = ("mbpp", "humaneval")
                 rec = json.loads(line)
                 ref = rec.get("reference") or ""
                 if rec.get("domain") == "code" and len(ref) >= 40:
-                    out.append(Example(ref, "code", f"ref:{source}", source, f"ref:{source}/{i}", False))
+                    # the prompt's id: the reference of a held-out prompt is held out with it
+                    out.append(Example(ref, "code", f"ref:{source}", source, rec.get("id") or f"ref:{source}/{i}", False))
     return out

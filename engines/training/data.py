@@ -8,15 +8,14 @@ Sources (all local, no network):
 - Python's standard library: raw source files, plus chat pairs built from documented functions
   ("implement this signature + docstring" -> the function), so code requests get code answers.
 
-Hold-out rule: an item is held out when a stable hash of its id falls in the last `HOLDOUT_PCT`
-percent. The same rule picks the evaluation prompts of the acceptance benchmark, so drafters and
+Hold-out rule (`specroute.contracts.split`): an item is held out when a stable hash of its id falls in
+the last `HOLDOUT_PCT` percent. The same rule picks the evaluation prompts of the acceptance benchmark, so drafters and
 the target never train on them.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import sysconfig
@@ -25,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.tokenizer import format_chat
+from specroute.contracts.split import is_heldout
 from specroute.errors import UserError
 
 DOMAINS = ("chat", "code", "math")
-HOLDOUT_PCT = 10
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,11 +39,6 @@ def data_dir() -> Path:
         raise UserError(f"no training/benchmark data at {path}: set SPECROUTE_DATA_DIR to a data folder "
                         "(prompts/*.jsonl, corpus/*.jsonl) or place one at ../shared/data beside the repository")
     return path
-
-
-def is_heldout(item_id: str) -> bool:
-    h = int(hashlib.sha1(item_id.encode()).hexdigest()[:8], 16)
-    return h % 100 >= 100 - HOLDOUT_PCT
 
 
 @dataclass(frozen=True)

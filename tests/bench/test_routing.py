@@ -22,7 +22,7 @@ from bench.routing_metrics import (
     time_series,
 )
 from bench.routing_trace import SCENARIOS, PromptPool, build_trace, phase_sizes, read_prompts, segments
-from engines.training.data import is_heldout
+from specroute.contracts.split import is_heldout
 from specroute.errors import UserError
 
 
