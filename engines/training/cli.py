@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drafters: share of train prompts also answered by sampling at T=0.8 (0 = greedy only)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="drafters: start from the trained drafter of this bundle (fine-tune) instead of scratch")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="drafters: torch threads (default: the preset's; 1 on a machine shared with other jobs, "
+                         "where 2 spinning threads collapse)")
     ap.add_argument("--size", type=int, default=2048,
                     help="draft-vocab: tokens drafters may propose (the target's most frequent outputs)")
     return ap
@@ -72,6 +75,7 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--distill-temps: not a list of numbers: {args.distill_temps!r}") from None
     report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume,
                            budget_s=args.budget, max_steps=args.steps, loss=args.loss, distill_temps=temps,
-                           sampled_fraction=args.sampled_fraction, init_from=args.init_from)
+                           sampled_fraction=args.sampled_fraction, init_from=args.init_from,
+                           threads=args.threads)
     print(json.dumps(report.get("summary", {})))
     return 0
