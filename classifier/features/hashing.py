@@ -68,10 +68,21 @@ T12 = (T2.reshape(256, 256) + T1[:, None]).T.ravel()
 # A-Z -> a-z and 0-9 -> 0, everything else unchanged (same length, whitespace kept).
 LOWER_FOLD = bytes.maketrans(bytes(range(65, 91)) + b"0123456789", bytes(range(97, 123)) + b"0000000000")
 ASCII_WS = b" \t\n\r\x0b\x0c"  # what bytes.split() splits on
+# `LOWER_FOLD`, and every byte of `ASCII_WS` to a space: a text without two spaces in a row is then
+# already whitespace-folded, up to one space at either end (`fold_ws` without the split and join).
+LOWER_FOLD_WS = bytes(32 if b in ASCII_WS else LOWER_FOLD[b] for b in range(256))
 
 
 def fold_ws(folded: bytes) -> bytes:
     return b" " + b" ".join(folded.split()) + b" "
+
+
+def fold_spaces(folded: bytes) -> bytes:
+    """`fold_ws` of a text whose whitespace bytes are all spaces already (`LOWER_FOLD_WS`): without a run
+    of two spaces it only needs its ends trimmed, no split and join (most prompts have no such run)."""
+    if b"  " in folded:
+        return b" " + b" ".join(folded.split()) + b" "
+    return b" " + folded.strip(b" ") + b" "
 
 
 # Non-ASCII marks and their ASCII stand-ins. In the character-class shares every one counts as its
@@ -193,9 +204,15 @@ def byte_pairs(buf: bytes) -> np.ndarray:
     """Pair codes `buf[i] + 256 * buf[i + 1]` for every i (len(buf) >= 2), as intp.
 
     A zero-copy little-endian uint16 view with stride 1 reads every byte pair; one cast makes the
-    table index array.
+    table index array. (Positional arguments and dtype objects: this runs a few times per request.)
     """
-    return np.ndarray((len(buf) - 1,), dtype="<u2", buffer=buf, strides=(1,)).astype(np.intp)
+    return _ndarray((len(buf) - 1,), _PAIR_DTYPE, buf, 0, _STRIDE_1).astype(_INTP)
+
+
+_ndarray = np.ndarray
+_PAIR_DTYPE = np.dtype("<u2")
+_STRIDE_1 = (1,)
+_INTP = np.dtype(np.intp)
 
 
 def word_hashes(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,8 @@ from classifier import Classifier, default_classifier
 from classifier import features as F
 from classifier.data import read_prompt_dir
 from classifier.evaluate import measure_latency
+from classifier.features import hashing as H
+from classifier.features import tables as T
 from classifier.model import junk_weight
 from specroute.cli import main as specroute_main
 
@@ -62,6 +64,10 @@ TRICKY = [
     "người Việt Nam năm 2012 bao nhiêu?",
     "ฟังก์ชัน 12 × 3 เท่าไร",
     "日本語のテキスト、りんごを3個。" * 10,
+    # digits and operators only as folded marks (no ASCII digit or operator in the raw bytes)
+    "٣×٤ ÷٢",
+    "س٣×٤",
+    "ok  two  spaces\t\ttabs\n\n",
 ]
 
 
@@ -96,6 +102,19 @@ def test_scan_matches_reference_on_pattern_soup(text: str):
 @given(text=st.text(max_size=F.MAX_SAMPLE_CHARS))
 def test_scan_matches_reference_on_any_text(text: str):
     _same(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_fold_spaces_is_fold_ws(raw: bytes):
+    assert H.fold_spaces(raw.translate(H.LOWER_FOLD_WS)) == H.fold_ws(raw.translate(H.LOWER_FOLD))
+
+
+def test_operands_are_read_only_0d():
+    for name in dir(T):
+        if name.startswith("OP_"):
+            for op in getattr(T, name) if isinstance(getattr(T, name), tuple) else (getattr(T, name),):
+                assert op.ndim == 0 and not op.flags.writeable
 
 
 def test_scan_matches_reference_on_fixture_prompts():
