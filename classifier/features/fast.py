@@ -59,8 +59,10 @@ from classifier.features.tables import (
     C_DIGIT,
     C_DOLLAR,
     C_EQUALS,
+    C_FOLD_LEAD,
     C_HIGH,
     C_OP,
+    C_SPLIT_LEAD,
     CLASS_MATRIX_X,
     COUNT_MAP,
     DESPACED_COUNTS,
@@ -73,6 +75,7 @@ from classifier.features.tables import (
     I_TAGS,
     JUNK_BLOCK_BYTES,
     JUNK_BLOCKS,
+    JUNK_FROM,
     MARKER_IDS,
     N_IDS,
     N_SYMBOL_IDS,
@@ -100,6 +103,7 @@ from classifier.features.tables import (
     OP_SHIFT,
     RAW_PAIR,
     SYMBOL_CLASSES,
+    SYMBOL_CPS,
     SYMBOL_IDS,
     XLOGX,
     xlog2x,
@@ -108,7 +112,7 @@ from classifier.features.text import MAX_SAMPLE_CHARS, head_tail
 
 _SALT_FIRST = int(SALTS["first"])
 _MULT_0, _MULT_1, _MULT_2, _MULT_3, _MULT_4 = OP_MULTS
-_U8, _U32, _BOOL = np.dtype(np.uint8), np.dtype(np.uint32), np.dtype(bool)
+_U8, _U32 = np.dtype(np.uint8), np.dtype(np.uint32)
 _frombuffer = np.frombuffer
 _empty = np.empty
 _log1p = math.log1p
@@ -116,7 +120,7 @@ _concatenate = np.concatenate
 _bincount = np.bincount
 _add_reduce = np.add.reduce
 _reduceat = np.add.reduceat
-_char_fold = CHAR_FOLD.apply
+_char_fold = CHAR_FOLD.fold
 
 
 class Features:
@@ -143,7 +147,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
         n_chars = len(sample)
     if n_chars == 0 or sample.isspace():
         return None
-    raw = sample.encode("utf-8", errors="surrogatepass")
+    raw = sample.encode("utf-8", "surrogatepass")
     n_bytes = len(raw)
 
     # byte histogram: class shares, entropy, control characters
@@ -162,36 +166,39 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
         check_eq = (n_digit and n_op) or n_equals
         raw_pairs = None
     else:  # character entropy over code points hashed to 4093 bins, as the reference computes it
-        cps = _frombuffer(sample.encode("utf-32-le", errors="surrogatepass"), _U32)
+        cps = _frombuffer(sample.encode("utf-32-le", "surrogatepass"), _U32)
         n_non_ascii = n_chars - (n_bytes - int(n_high))  # characters, not bytes
         if n_non_ascii <= 64:  # few: ASCII characters are the ASCII bytes, the others in Python
             hi = cps[cps >= OP_128]
             others = hi.tolist()
-            bins = Counter(cp % N_CHAR_BINS for cp in others)
             total = float(xlogx.dot(ASCII_MASK))
-            for b, k in bins.items():
+            for b, k in Counter((hi % OP_CHAR_BINS).tolist()).items():
                 if b < 128:  # a code point that shares an ASCII character's bin
                     c0 = int(counts[b])
                     total += xlog2x(c0 + k) - xlog2x(c0)
                 else:
                     total += xlog2x(k)
             char_h = max(0.0, math.log2(n_chars) - total / n_chars)
-            bad += sum(JUNK_BLOCK_BYTES[cp >> 8] for cp in others)
+            if max(others) >= JUNK_FROM:
+                bad += sum(JUNK_BLOCK_BYTES[cp >> 8] for cp in others)
             has_alnum = n_alnum > 0 or any(chr(cp).isalnum() for cp in others)
+            has_marks = not SYMBOL_CPS.isdisjoint(others)
         else:
             hi = cps
             char_counts = _bincount(cps % OP_CHAR_BINS, None, N_CHAR_BINS)
             char_h = max(0.0, math.log2(n_chars) - float(_add_reduce(XLOGX.take(char_counts))) / n_chars)
             bad += int(_add_reduce(JUNK_BLOCKS.take(cps >> OP_8)))
             has_alnum = n_alnum > 0 or ALNUM_RE.search(sample) is not None
+            has_marks = True
         bad += sample.count("\ufffd")
         # cased scripts lower-cased, non-ASCII marks folded to ASCII (`hashing.FOLD_MAP`)
         raw_pairs = byte_pairs(raw)
-        folded = _char_fold(raw, raw_pairs, counts).translate(LOWER_FOLD_WS)
-        ids = SYMBOL_IDS.take(np.minimum(hi, OP_BMP))  # class shares: a mark counts as ASCII too
-        if ids.any():
-            cc += _bincount(ids, None, N_SYMBOL_IDS).dot(SYMBOL_CLASSES)
-            n_digit, n_op, n_equals = cc[C_DIGIT], cc[C_OP], cc[C_EQUALS]
+        folded = (_char_fold(raw, raw_pairs) if ccl[C_FOLD_LEAD] else raw).translate(LOWER_FOLD_WS)
+        if has_marks:  # class shares: a mark counts as its ASCII stand-in too
+            ids = SYMBOL_IDS.take(np.minimum(hi, OP_BMP))
+            if ids.any():
+                cc += _bincount(ids, None, N_SYMBOL_IDS).dot(SYMBOL_CLASSES)
+                n_digit, n_op, n_equals = cc[C_DIGIT], cc[C_OP], cc[C_EQUALS]
         cc[C_HIGH] = n_non_ascii
         # folded digits and operators are counted with their marks: as many as `folded` has, or more
         check_eq = (n_digit and n_op) or n_equals
@@ -209,7 +216,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
     n = len(norm)  # >= 3: the sample has a non-whitespace byte
     pairs = byte_pairs(norm)
     p = NORM_PAIR.take(pairs)
-    if n_bytes != n_chars:  # an ASCII word byte right after a split character starts a word as well
+    if ccl[C_SPLIT_LEAD]:  # an ASCII word byte right after a split character starts a word as well
         a8 = _frombuffer(norm, _U8)
         after = SPLIT_LEN.take(a8).nonzero()[0]
         if after.size:
@@ -218,7 +225,7 @@ def scan(sample: str, full_len: int) -> tuple[np.ndarray, np.ndarray, float, boo
             after = after[ASCII_WORD.take(a8.take(after))]
             if after.size:
                 p[after - 1] |= np.where(a8.take(after) == 48, B_START | B_NUM, B_START).astype(np.uint8)
-    starts = np.bitwise_and(p, OP_B_START).view(_BOOL).nonzero()[0]  # a word starts at byte starts[k] + 1
+    starts = np.bitwise_and(p, OP_B_START).nonzero()[0]  # a word starts at byte starts[k] + 1
     n_words = starts.size
     q = np.left_shift(p[:-1], OP_NORM_SHIFT)  # int16
     q |= p[1:]

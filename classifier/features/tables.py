@@ -38,6 +38,7 @@ from classifier.features.dense import (
 )
 from classifier.features.hashing import (
     BIGRAM_MULT,
+    CHAR_FOLD,
     FINAL,
     LOWER_FOLD,
     NGRAM_MULTS,
@@ -49,14 +50,17 @@ from classifier.features.hashing import (
 )
 from classifier.features.lexicon import MARKER_GROUPS, MARKER_SALT, MARKER_SHIFT, MARKER_TABLE
 
-# the fast path adds one column (ASCII letters and digits) to know whether the text has any
-CLASS_MATRIX_X = np.hstack([CLASS_MATRIX, np.zeros((256, 1))])
-CLASS_MATRIX_X[list(b"0123456789") + list(range(65, 91)) + list(range(97, 123)), -1] = 1.0
+# the fast path adds columns to know whether the text has any ASCII letters and digits, lead bytes of
+# characters `hashing.CHAR_FOLD` maps (no fold needed without), lead bytes of split characters
+CLASS_MATRIX_X = np.hstack([CLASS_MATRIX, np.zeros((256, 3))])
+CLASS_MATRIX_X[list(b"0123456789") + list(range(65, 91)) + list(range(97, 123)), N_CLASSES] = 1.0
+CLASS_MATRIX_X[CHAR_FOLD.leads, N_CLASSES + 1] = 1.0
+CLASS_MATRIX_X[SPLIT_LEAD, N_CLASSES + 2] = 1.0
 # class counts the fast path reads
 C_DIGIT, C_OP, C_EQUALS, C_DOLLAR, C_CONTROL, C_HIGH = (
     CLASS_NAMES.index(k) for k in ("digit", "operator", "equals", "dollar", "control", "non_ascii")
 )
-C_ALNUM = N_CLASSES  # the extra column: ASCII letters and digits
+C_ALNUM, C_FOLD_LEAD, C_SPLIT_LEAD = N_CLASSES, N_CLASSES + 1, N_CLASSES + 2  # the extra columns
 
 # Non-ASCII marks in the class shares: code point (BMP; higher ones read as U+FFFF, no mark) -> id,
 # id -> the class counts of its ASCII stand-in (`hashing.SYMBOLS`)
@@ -66,6 +70,7 @@ for _k, (_ch, _stand_in) in enumerate(SYMBOLS.items(), start=1):
     SYMBOL_IDS[ord(_ch)] = _k
     SYMBOL_CLASSES[_k] = CLASS_MATRIX_X[ord(_stand_in)]
 N_SYMBOL_IDS = len(SYMBOLS) + 1
+SYMBOL_CPS = frozenset(map(ord, SYMBOLS))
 assert SYMBOL_IDS[0xFFFF] == 0
 
 # Byte entropy from the histogram: H = log2(N) - sum(c * log2(c)) / N, with c * log2(c) from a table.
@@ -84,6 +89,8 @@ def xlog2x(k: int) -> float:
 JUNK_BLOCKS = np.zeros(0x1100, dtype=bool)
 JUNK_BLOCKS[0xD8:0xE0] = JUNK_BLOCKS[0xE0:0xF9] = JUNK_BLOCKS[0xF00:] = True
 JUNK_BLOCK_BYTES = JUNK_BLOCKS.astype(np.uint8).tobytes()
+JUNK_FROM = 0xD800  # the first junk code point: none below it
+assert not JUNK_BLOCKS[: JUNK_FROM >> 8].any() and JUNK_BLOCKS[JUNK_FROM >> 8]
 ALNUM_RE = re.compile(r"[^\W_]")  # str.isalnum() characters
 
 _FOLD = np.frombuffer(LOWER_FOLD, dtype=np.uint8)
