@@ -65,13 +65,30 @@ del _rng
 # x + 256 * y (see `byte_pairs`).
 T12 = (T2.reshape(256, 256) + T1[:, None]).T.ravel()
 
+_ndarray = np.ndarray
+_PAIR_DTYPE = np.dtype("<u2")  # (dtype objects and positional arguments: `byte_pairs` runs per request)
+_STRIDE_1 = (1,)
+_INTP = np.dtype(np.intp)
+_BOOL = np.dtype(bool)
+
 # A-Z -> a-z and 0-9 -> 0, everything else unchanged (same length, whitespace kept).
 LOWER_FOLD = bytes.maketrans(bytes(range(65, 91)) + b"0123456789", bytes(range(97, 123)) + b"0000000000")
 ASCII_WS = b" \t\n\r\x0b\x0c"  # what bytes.split() splits on
+# `LOWER_FOLD`, and every byte of `ASCII_WS` to a space: a text without two spaces in a row is then
+# already whitespace-folded, up to one space at either end (`fold_ws` without the split and join).
+LOWER_FOLD_WS = bytes(32 if b in ASCII_WS else LOWER_FOLD[b] for b in range(256))
 
 
 def fold_ws(folded: bytes) -> bytes:
     return b" " + b" ".join(folded.split()) + b" "
+
+
+def fold_spaces(folded: bytes) -> bytes:
+    """`fold_ws` of a text whose whitespace bytes are all spaces already (`LOWER_FOLD_WS`): without a run
+    of two spaces it only needs its ends trimmed, no split and join (most prompts have no such run)."""
+    if b"  " in folded:
+        return b" " + b" ".join(folded.split()) + b" "
+    return b" " + folded.strip(b" ") + b" "
 
 
 # Non-ASCII marks and their ASCII stand-ins. In the character-class shares every one counts as its
@@ -164,11 +181,15 @@ class CharFold:
         histogram (no lead byte of a mapped character: `raw` itself)."""
         if not counts.take(self.leads).any():
             return raw
+        return self.fold(raw, pairs)
+
+    def fold(self, raw: bytes, pairs: np.ndarray) -> bytes:
+        """`apply` without the check: for a caller that knows `raw` has a lead byte of `self.leads`."""
         r = self.two.take(pairs)
         out = bytearray(raw)
         # replacement pairs written through a stride-1 uint16 view: mapped characters never overlap
-        view = np.ndarray((len(raw) - 1,), dtype="<u2", buffer=out, strides=(1,))
-        np.copyto(view, r, where=r != 0)
+        view = _ndarray((len(raw) - 1,), _PAIR_DTYPE, out, 0, _STRIDE_1)
+        np.copyto(view, r, where=r.astype(_BOOL))
         return bytes(out)
 
 
@@ -195,7 +216,7 @@ def byte_pairs(buf: bytes) -> np.ndarray:
     A zero-copy little-endian uint16 view with stride 1 reads every byte pair; one cast makes the
     table index array.
     """
-    return np.ndarray((len(buf) - 1,), dtype="<u2", buffer=buf, strides=(1,)).astype(np.intp)
+    return _ndarray((len(buf) - 1,), _PAIR_DTYPE, buf, 0, _STRIDE_1).astype(_INTP)
 
 
 def word_hashes(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,9 @@ from classifier import Classifier, default_classifier
 from classifier import features as F
 from classifier.data import read_prompt_dir
 from classifier.evaluate import measure_latency
-from classifier.model import junk_weight
+from classifier.features import hashing as H
+from classifier.features import tables as T
+from classifier.model import LABELS, junk_weight
 from specroute.cli import main as specroute_main
 
 from . import reference_features as R
@@ -62,6 +64,10 @@ TRICKY = [
     "người Việt Nam năm 2012 bao nhiêu?",
     "ฟังก์ชัน 12 × 3 เท่าไร",
     "日本語のテキスト、りんごを3個。" * 10,
+    # digits and operators only as folded marks (no ASCII digit or operator in the raw bytes)
+    "٣×٤ ÷٢",
+    "س٣×٤",
+    "ok  two  spaces\t\ttabs\n\n",
 ]
 
 
@@ -98,11 +104,35 @@ def test_scan_matches_reference_on_any_text(text: str):
     _same(text)
 
 
-def test_scan_matches_reference_on_fixture_prompts():
-    examples, _ = read_prompt_dir(FIXTURE_PROMPTS)  # every source, 13 languages, some long prompts
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_fold_spaces_is_fold_ws(raw: bytes):
+    assert H.fold_spaces(raw.translate(H.LOWER_FOLD_WS)) == H.fold_ws(raw.translate(H.LOWER_FOLD))
+
+
+def test_operands_are_read_only_0d():
+    for name in dir(T):
+        if name.startswith("OP_"):
+            for op in getattr(T, name) if isinstance(getattr(T, name), tuple) else (getattr(T, name),):
+                assert op.ndim == 0 and not op.flags.writeable
+
+
+def test_scan_and_scoring_match_reference_on_fixture_prompts():
+    """Features and probabilities of every fixture prompt (every source, 13 languages, some long ones):
+    the fast path against the reference features scored by the reference formulation."""
+    clf = default_classifier()
+    examples, _ = read_prompt_dir(FIXTURE_PROMPTS)
     assert len(examples) >= 600
     for ex in examples:
-        _same(*F.request_text(ex.request))
+        sample, full_len = F.request_text(ex.request)
+        _same(sample, full_len)
+        got = clf.classify(ex.request)
+        if not any(c.isalnum() for c in sample):
+            assert got.uncertainty == 1.0
+            continue
+        want = _reference_probabilities(clf, sample, full_len)
+        assert np.allclose([got.probabilities[k] for k in LABELS], want, rtol=0, atol=1e-12)
+        assert got.label == LABELS[int(np.argmax(want))]
 
 
 def test_long_samples_are_read_head_and_tail():
@@ -113,8 +143,9 @@ def test_long_samples_are_read_head_and_tail():
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
-def _reference_probabilities(clf: Classifier, text: str) -> list[float]:
-    sample, full_len = F.request_text(text)
+def _reference_probabilities(clf: Classifier, text: str, full_len: int | None = None) -> list[float]:
+    """Probabilities of the reference formulation: of `text` as a request, or of a sample (`full_len`)."""
+    sample, full_len = F.request_text(text) if full_len is None else (text, full_len)
     feats = R.extract(sample, full_len)
     p = clf.probabilities(feats)
     w = junk_weight(feats.junk)
