@@ -110,6 +110,14 @@ class Collected:
             return 0, 0, 0
         return int(s.drafted_tokens), int(s.accepted_tokens), int(s.steps)
 
+    def mean_accepted_length(self) -> float:
+        """The worker's mean accepted length, else the one its counts give."""
+        s = self.stats
+        if s is not None and s.mean_accepted_length:
+            return float(s.mean_accepted_length)
+        _, accepted, steps = self.counts()
+        return mean_accepted_length(accepted, steps)
+
 
 def finish_reason(reason: str) -> str:
     """The OpenAI `finish_reason` for a worker's; a worker that ended in error is a 502."""
@@ -126,9 +134,6 @@ def served_reason(d: Decision, pool: str | None) -> str:
 def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
     """The response's extra top-level `specroute` object (ARCHITECTURE.md)."""
     drafted, accepted, steps = col.counts()
-    s = col.stats
-    mal = float(s.mean_accepted_length) if s is not None and s.mean_accepted_length else (
-        mean_accepted_length(accepted, steps))
     return {
         "domain": d.domain,
         "pool": pool,
@@ -136,7 +141,7 @@ def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "steps": steps,
-        "mean_accepted_length": mal,
+        "mean_accepted_length": col.mean_accepted_length(),
     }
 
 
