@@ -14,7 +14,8 @@ gateway (`--client-procs`). `--tracing` and `--access-log FILE` run the gateway 
 tracing (no exporter) and the JSON access log on. Writes `gateway.json` (`--name`): `rows` with
 `path`, `stream`, `concurrency`, `p50_ms`, `p99_ms`, `requests_per_s` (+ request count and errors)
 and the CPU time per request of the gateway and worker processes over the measured window
-(`gateway_cpu_us`, `worker_cpu_us`: on a shared machine a steadier figure than latency), and
+(`gateway_cpu_us`, `worker_cpu_us`, `client_cpu_us`: on a shared machine a steadier figure than
+latency), and
 `added_latency` with the gateway-minus-direct p50/p99 per (stream, concurrency).
 """
 
@@ -76,7 +77,7 @@ class HTTPConn(KeepAliveConn):
 
 async def _client_loop(
     path: str, stream: bool, conc: int, duration: float, warmup: float, target: str, max_tokens: int,
-) -> tuple[list[float], int, float, float]:
+) -> tuple[list[float], int, float, float, float]:
     import grpc
 
     from specroute.v1 import engine_pb2, engine_pb2_grpc
@@ -129,10 +130,18 @@ async def _client_loop(
                 else:
                     errors += 1
 
-    await asyncio.gather(*(worker() for _ in range(conc)))
+    cpu = [0.0]
+
+    async def cpu_window() -> None:  # this client process's own CPU time over the measured window
+        await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
+        c0 = time.process_time()
+        await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
+        cpu[0] = time.process_time() - c0
+
+    await asyncio.gather(cpu_window(), *(worker() for _ in range(conc)))
     if channel is not None:
         await channel.close()
-    return lat, errors, duration, wall_measure
+    return lat, errors, duration, wall_measure, cpu[0]
 
 
 def _client_proc(args: tuple[Any, ...], out: Any) -> None:
@@ -212,6 +221,7 @@ def run_cell(path: str, stream: bool, conc: int, duration: float, warmup: float,
         "p50_ms": round(percentile(lat, 50) * 1000, 3), "p99_ms": round(percentile(lat, 99) * 1000, 3),
         "requests_per_s": round(len(lat) / duration, 1), "requests": len(lat), "errors": errors,
     }
+    used["client"] = sum(r[4] for r in results)
     for name, seconds in used.items():
         row[f"{name}_cpu_us"] = round(seconds / max(1, len(lat)) * 1e6, 1)
     row["load_1m"] = round(os.getloadavg()[0], 2)

@@ -128,6 +128,11 @@ class RequestTrace:
             self._context = _unrecorded(t, parent, name)
         self._ids = t.id_generator
 
+    @property
+    def recording(self) -> bool:
+        """Whether spans are built (else `phase` does nothing: the caller may skip its clock reads)."""
+        return self._parent is not None
+
     def phase(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any]) -> None:
         """A finished child span (`classify`, `decide`); None-valued attributes are left out."""
         if self._parent is not None:

@@ -61,7 +61,7 @@ from router.request_id import request_id
 from router.schemas import ChatCompletionRequest, CompletionRequest
 from router.tracing import RequestTrace
 from router.upstream import Upstream, UpstreamError
-from specroute.contracts.limits import over_context, too_long_message
+from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
 from specroute.v1 import engine_pb2
 
 log = logging.getLogger("specroute.gateway.api")
@@ -159,11 +159,15 @@ def _stopped_by_shutdown() -> None:
         task.uncancel()
 
 
-def check_prompt_size(body: Body, context_tokens: int) -> None:
+def check_prompt_size(body: Body, context_tokens: int, prompt_bytes: int | None = None) -> None:
     """Refuse a prompt that certainly cannot fit `context_tokens` by its byte size alone (the bound of
-    specroute/contracts/limits.py), before it is classified or sent to a worker to tokenize."""
-    n = over_context(body.prompt_texts(), context_tokens)
-    if n is not None:
+    specroute/contracts/limits.py), before it is classified or sent to a worker to tokenize;
+    `prompt_bytes`: its size, when already counted."""
+    limit = prompt_byte_limit(context_tokens)
+    if limit <= 0:
+        return
+    n = text_bytes(body.prompt_texts()) if prompt_bytes is None else prompt_bytes
+    if n > limit:
         raise APIError(400, too_long_message(n, context_tokens), param=body.prompt_param,
                        code="context_length_exceeded")
 
@@ -200,16 +204,18 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     body.check_supported()
     if not g.model_known(body.model):
         raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-    check_prompt_size(body, g.pools.largest_context())  # what fits no pool is not even classified
+    texts = body.prompt_texts()
+    prompt_bytes = text_bytes(texts)
+    check_prompt_size(body, g.pools.largest_context(), prompt_bytes)  # what fits no pool is not even classified
 
-    tr: RequestTrace | None = out.trace
+    tr = out.trace if out.trace is not None and out.trace.recording else None  # spans to build
     t_cls = time.time_ns() if tr is not None else 0
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
     allowed = key.limits.pools if key is not None else ()
     t_dec = time.time_ns() if tr is not None else 0
-    d = g.route(probs, unc, allowed, context_of(body))
+    d = g.route(probs, unc, allowed, context_of(body, texts, prompt_bytes))
     if tr is not None:
         tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
         tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})
@@ -225,7 +231,7 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     if mc and max_tokens is not None and max_tokens >= mc:
         raise APIError(400, f"max_tokens={max_tokens} does not fit the model's context of {mc} tokens",
                        param="max_tokens", code="context_length_exceeded")
-    check_prompt_size(body, mc)
+    check_prompt_size(body, mc, prompt_bytes)
 
     req = generate_request(body, rid, d.domain, d.context)
     guard = DisconnectGuard(receive)
