@@ -17,6 +17,12 @@ and the CPU time per request of the gateway and worker processes over the measur
 (`gateway_cpu_us`, `worker_cpu_us`, `client_cpu_us`: on a shared machine a steadier figure than
 latency), and
 `added_latency` with the gateway-minus-direct p50/p99 per (stream, concurrency).
+
+On a shared machine compare side by side: `--baseline DIR` runs a second gateway from another
+checkout (e.g. a `git worktree` of the old commit) beside this one, on the same worker, and each cell
+is measured for `direct`, `gateway` and `baseline` back to back (rows with path `baseline`,
+`added_latency_baseline`); `--rounds N` repeats every cell N times (alternating the gateways' order)
+and the added latency is the median over the rounds of gateway minus direct of the same round.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import multiprocessing as mp
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -248,6 +255,33 @@ def _gateway_serves(port: int) -> bool:
     return status == 200
 
 
+def _start_gateway(cli: list[str], worker_addr: str, env: dict[str, str], cwd: str | None,
+                   procs: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
+    """A gateway on a free port in front of the worker; (pid, port) once it serves."""
+    port = free_port()
+    g = subprocess.Popen([*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(port),
+                          "--log-level", "warning"], env=env, cwd=cwd, start_new_session=True)
+    procs.append(g)
+    wait_until(lambda: _gateway_serves(port), g, "gateway")
+    return g.pid, port
+
+
+def added_latency(rows: list[dict[str, Any]], path: str, levels: list[int]) -> list[dict[str, Any]]:
+    """`path` minus direct per (stream, concurrency): the median over rounds of each round's difference."""
+    cells = {(r["path"], r["stream"], r["concurrency"], r.get("round", 0)): r for r in rows}
+    rounds = sorted({r.get("round", 0) for r in rows})
+    out = []
+    for stream in (False, True):
+        for conc in levels:
+            pairs = [(cells[(path, stream, conc, n)], cells[("direct", stream, conc, n)]) for n in rounds]
+            out.append({"stream": stream, "concurrency": conc,
+                        "added_p50_ms": round(statistics.median(g["p50_ms"] - d["p50_ms"] for g, d in pairs), 3),
+                        "added_p99_ms": round(statistics.median(g["p99_ms"] - d["p99_ms"] for g, d in pairs), 3),
+                        "gateway_requests_per_s": statistics.median(g["requests_per_s"] for g, _ in pairs),
+                        "gateway_cpu_us": statistics.median(g.get("gateway_cpu_us") or 0.0 for g, _ in pairs)})
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench gateway", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench/results/", help="output directory (gateway.json)")
@@ -260,6 +294,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tracing", action="store_true", help="gateway with OpenTelemetry tracing on (no exporter)")
     ap.add_argument("--access-log", metavar="FILE", default=None, help="gateway with the JSON access log into FILE")
     ap.add_argument("--name", default="gateway.json", help="output file name in --out")
+    ap.add_argument("--baseline", metavar="DIR", default=None,
+                    help="also run the gateway of the checkout in DIR, side by side (path `baseline`)")
+    ap.add_argument("--rounds", type=int, default=1, help="measure every cell this many times (median)")
     args = ap.parse_args(argv)
     levels = parse_levels(args.concurrency, "1,16,64")
     out = Path(args.out)
@@ -279,7 +316,6 @@ def main(argv: list[str]) -> int:
             procs.append(w)
             pids["worker"] = w.pid
             wait_until(lambda: grpc_serving(worker_addr), w, "null worker")
-        gport = free_port()
         env = {**os.environ, "SPECROUTE_LOG_LEVEL": "warning"}
         env.pop("SPECROUTE_REDIS_URL", None)
         env.pop("REDIS_URL", None)
@@ -288,42 +324,46 @@ def main(argv: list[str]) -> int:
             env.pop(var, None)  # only the flags decide
         if args.tracing:
             env["SPECROUTE_TRACING"] = "true"
-        if args.access_log:
-            env.update(SPECROUTE_ACCESS_LOG="true", SPECROUTE_ACCESS_LOG_FILE=str(Path(args.access_log).resolve()))
-        g = subprocess.Popen([*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(gport),
-                              "--log-level", "warning"], env=env, start_new_session=True)
-        procs.append(g)
-        pids["gateway"] = g.pid
-        wait_until(lambda: _gateway_serves(gport), g, "gateway")
+        log = Path(args.access_log).resolve() if args.access_log else None
+        if log is not None:
+            env.update(SPECROUTE_ACCESS_LOG="true", SPECROUTE_ACCESS_LOG_FILE=str(log))
+        gateways = {"gateway": _start_gateway(cli, worker_addr, env, None, procs)}
+        if args.baseline:
+            base = str(Path(args.baseline).resolve())
+            benv = {**env, "PYTHONPATH": base}
+            if log is not None:
+                benv["SPECROUTE_ACCESS_LOG_FILE"] = f"{log}.baseline"
+            gateways["baseline"] = _start_gateway(cli, worker_addr, benv, base, procs)
 
         rows: list[dict[str, Any]] = []
-        for stream in (False, True):
-            for conc in levels:
-                for path, target in (("direct", worker_addr), ("gateway", f"127.0.0.1:{gport}")):
-                    watched = {k: v for k, v in pids.items() if path == "gateway" or k == "worker"}
-                    row = run_cell(path, stream, conc, args.duration, args.warmup, target, args.max_tokens,
-                                   args.client_procs, watched)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        added = []
-        for stream in (False, True):
-            for conc in levels:
-                d = next(r for r in rows if r["path"] == "direct" and r["stream"] == stream and r["concurrency"] == conc)
-                gw = next(r for r in rows if r["path"] == "gateway" and r["stream"] == stream and r["concurrency"] == conc)
-                added.append({"stream": stream, "concurrency": conc,
-                              "added_p50_ms": round(gw["p50_ms"] - d["p50_ms"], 3),
-                              "added_p99_ms": round(gw["p99_ms"] - d["p99_ms"], 3),
-                              "gateway_requests_per_s": gw["requests_per_s"],
-                              "gateway_cpu_us": gw.get("gateway_cpu_us")})
+        names = list(gateways)
+        for rnd in range(max(1, args.rounds)):
+            for stream in (False, True):
+                for conc in levels:
+                    for path in ["direct", *(names if rnd % 2 == 0 else names[::-1])]:
+                        target = worker_addr if path == "direct" else f"127.0.0.1:{gateways[path][1]}"
+                        watched = {k: v for k, v in pids.items() if k == "worker"}
+                        if path != "direct":
+                            watched["gateway"] = gateways[path][0]
+                        row = run_cell("direct" if path == "direct" else "gateway", stream, conc, args.duration,
+                                       args.warmup, target, args.max_tokens, args.client_procs, watched)
+                        row.update(path=path, round=rnd)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+        added = added_latency(rows, "gateway", levels)
         result = {
             "benchmark": "gateway",
             "meta": {"engine": "null", "max_tokens": args.max_tokens, "duration_s": args.duration,
                      "client_procs": args.client_procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
                      "python": platform.python_version(), "time": time.time(), "tracing": args.tracing,
-                     "access_log": bool(args.access_log), "load_1m_end": round(os.getloadavg()[0], 2)},
+                     "access_log": bool(args.access_log), "rounds": args.rounds,
+                     "load_1m_end": round(os.getloadavg()[0], 2)},
             "rows": rows,
             "added_latency": added,
         }
+        if args.baseline:
+            result["meta"]["baseline"] = args.baseline
+            result["added_latency_baseline"] = added_latency(rows, "baseline", levels)
         (out / args.name).write_text(json.dumps(result, indent=2))
         print(json.dumps(added, indent=2))
         print(f"wrote {out / args.name}")
