@@ -20,7 +20,7 @@ recorded span), and that context still reaches the workers.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -42,10 +42,8 @@ class Tracing:
 
     __slots__ = ("tracer", "provider", "record")
 
-    def __init__(self, provider: TracerProvider, record: bool) -> None:
-        self.provider = provider
-        self.tracer = cast(Tracer, provider.get_tracer("specroute.gateway"))  # the SDK's
-        self.record = record
+    def __init__(self, provider: TracerProvider, tracer: Tracer, record: bool) -> None:
+        self.provider, self.tracer, self.record = provider, tracer, record
 
     def flush(self) -> None:
         self.provider.force_flush()
@@ -53,8 +51,8 @@ class Tracing:
 
 def make_tracing(enabled: bool, export: str = "none", otlp_endpoint: str | None = None,
                  exporter: SpanExporter | None = None) -> Tracing | None:
-    """The gateway's tracing, or None when it is off; `exporter` (tests) replaces the one `export`
-    names."""
+    """The gateway's tracing, or None when it is off (also when `OTEL_SDK_DISABLED` says so);
+    `exporter` (tests) replaces the one `export` names."""
     if not enabled:
         return None
     if exporter is None:
@@ -69,9 +67,13 @@ def make_tracing(enabled: bool, export: str = "none", otlp_endpoint: str | None 
         elif export != "none":
             raise ValueError(f"trace_exporter must be one of {EXPORTERS}, got {export!r}")
     provider = TracerProvider(resource=Resource.create({"service.name": "specroute-gateway"}))
+    tracer = provider.get_tracer("specroute.gateway")
+    if not isinstance(tracer, Tracer):  # the SDK is disabled: a no-op tracer, nothing to trace or pass on
+        provider.shutdown()
+        return None
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
-    return Tracing(provider, record=exporter is not None)
+    return Tracing(provider, tracer, record=exporter is not None)
 
 
 def client_context(headers: list[tuple[bytes, bytes]]) -> Context | None:

@@ -66,6 +66,11 @@ async def test_one_trace_per_request_propagated_to_the_worker() -> None:
         assert CLIENT_TRACE in sent
 
 
+def test_sdk_disabled_means_no_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert make_tracing(True) is None
+
+
 def test_tracing_settings() -> None:
     s = settings_from_args(build_parser().parse_args(["--pool", "a=h:1", "--tracing", "--trace-exporter", "console"]))
     assert s.tracing and s.trace_exporter == "console"
