@@ -9,38 +9,39 @@ hands it to `AccessLog.write`.
 Each line: `ts`, `request_id`, `key` (the API key's name, or null), `kind`, `model`, `stream`,
 `domain`, `pool`, `reason`, `status`, `prompt_tokens`, `completion_tokens`, `mean_accepted_length`,
 `latency_ms` (whole request, as the gateway saw it). Successful requests are sampled (`sample` in
-[0, 1]); every error (status >= 400) is written. Lines go to their own logger, `specroute.access`
-(not propagated), on stderr or a file (`access_log_file`); off by default, and then nothing is built.
+[0, 1]); every error (status >= 400) is written. Off by default, and then nothing is built.
+
+Lines go to stderr or a file (`access_log_file`), not through `logging`: a request only appends its
+encoded line to a buffer, and the buffer is written in one `write` per batch, `flush_s` after its
+first line (or at once when `max_lines` are waiting, when there is no event loop, and on `close`).
+A crash loses at most the last `flush_s` of lines.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import random
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 from router.keys import ApiKey
 
-LOGGER = "specroute.access"
-
 
 class Outcome:
     """What the completion handler learned about one request (filled as it goes; all optional)."""
 
-    __slots__ = ("api_key", "span", "up_span", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
+    __slots__ = ("api_key", "trace", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
                  "prompt_tokens", "completion_tokens", "mal")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.api_key: ApiKey | None = None
-        self.span: Any = None  # the request's trace span (router/tracing.py), when tracing is on
-        self.up_span: Any = None
+        self.trace: Any = None  # the request's trace (router.tracing.RequestTrace), when tracing is on
         self.rid = self.key = self.model = self.domain = self.pool = self.reason = None
         self.stream = False
         self.status = 0
@@ -60,26 +61,52 @@ class Outcome:
 
 class AccessLog:
     def __init__(self, sample: float = 1.0, path: Path | None = None,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, flush_s: float = 0.1, max_lines: int = 512) -> None:
         self.sample = min(1.0, max(0.0, sample))
         self.rand = rand
-        self.logger = logging.getLogger(LOGGER)
-        self.logger.propagate = False
-        self.logger.setLevel(logging.INFO)
-        handler: logging.Handler = (logging.FileHandler(path, encoding="utf-8") if path is not None
-                                    else logging.StreamHandler(sys.stderr))
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        for old in list(self.logger.handlers):  # one gateway per process: replace, never duplicate
-            self.logger.removeHandler(old)
-            old.close()
-        self.logger.addHandler(handler)
-        self.handler = handler
+        self.flush_s = flush_s
+        self.max_lines = max_lines
+        self._file: IO[bytes] | None = open(path, "ab") if path is not None else None  # noqa: SIM115
+        self._lines: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def write(self, out: Outcome, latency_s: float) -> None:
         if out.status < 400 and (self.sample <= 0.0 or (self.sample < 1.0 and self.rand() >= self.sample)):
             return
-        self.logger.info(orjson.dumps(out.as_dict(latency_s, time.time())).decode())
+        self._lines.append(orjson.dumps(out.as_dict(latency_s, time.time()), option=orjson.OPT_APPEND_NEWLINE))
+        if len(self._lines) >= self.max_lines:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+            except RuntimeError:  # no event loop: write it now
+                self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered line (one write)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._lines:
+            return
+        data = b"".join(self._lines)
+        self._lines.clear()
+        if self._file is not None:
+            self._file.write(data)
+            self._file.flush()
+        else:
+            err = sys.stderr
+            buf = getattr(err, "buffer", None)
+            if buf is not None:
+                err.flush()
+                buf.write(data)
+                buf.flush()
+            else:
+                err.write(data.decode())
+                err.flush()
 
     def close(self) -> None:
-        self.logger.removeHandler(self.handler)
-        self.handler.close()
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,18 +1,35 @@
 """Small ASGI helpers for the request hot path (router/api/completions.py): read a bounded body, send
-a whole response, convert headers, and `DisconnectGuard`, which cancels the request's task when its
-client goes away."""
+a whole response, convert headers, `DisconnectGuard`, which cancels the request's task when its
+client goes away, and the connection's cork (router/http_guard.py), when the server offers one."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Protocol
 
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 from router.errors import APIError
 
 Headers = list[tuple[bytes, bytes]]
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+CORK = "specroute.cork"  # the scope extension of the gateway's HTTP server: the connection's `Cork`
+
+
+class Cork(Protocol):
+    """Holds a connection's writes (`cork`) and sends them as one (`uncork`)."""
+
+    def cork(self) -> None: ...
+
+    def uncork(self) -> None: ...
+
+
+def cork_of(scope: Scope) -> Cork | None:
+    """The connection's cork, when the server offers one (router/http_guard.py; not in tests' ASGI
+    transports)."""
+    ext = scope.get("extensions")
+    return ext.get(CORK) if ext else None
 
 
 def raw_headers(headers: Mapping[str, str]) -> Headers:
@@ -58,11 +75,20 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None =
             return bytes(buf)
 
 
-async def send_response(send: Send, status: int, headers: Headers, body: bytes) -> None:
-    """A complete response with a `content-length` (`headers` should carry the content type)."""
+async def send_response(send: Send, status: int, headers: Headers, body: bytes, cork: Cork | None = None) -> None:
+    """A complete response with a `content-length` (`headers` should carry the content type), head
+    and body in one write when the connection has a `cork`."""
     headers.append((b"content-length", b"%d" % len(body)))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    if cork is None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    cork.cork()
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    finally:
+        cork.uncork()
 
 
 class DisconnectGuard:

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracing", action="store_true", default=None,
                    help="OpenTelemetry traces per request, context passed to the workers ($SPECROUTE_TRACING)")
     p.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
-                   help="where spans go (default none; otlp needs opentelemetry-exporter-otlp)")
+                   help="where spans go (default none: nothing recorded, only the context passed on; "
+                        "otlp needs opentelemetry-exporter-otlp)")
     p.add_argument("--otlp-endpoint", help="OTLP gRPC endpoint for --trace-exporter otlp")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p

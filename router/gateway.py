@@ -32,7 +32,7 @@ from router.snapshot import Snapshot, SnapshotSync
 from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
 from router.timeseries import SeriesSampler
-from router.tracing import make_tracer
+from router.tracing import make_tracing
 from router.upstream import Dispatcher, Upstream
 from router.views import pools_view, stats_view
 from specroute.contracts.context import RequestContext
@@ -77,7 +77,7 @@ class Gateway:
         self._feedback: GatewayFeedback | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
                                     self._mal_cells, self.sync.redis_error)
-        self.tracer = make_tracer(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
+        self.tracing = make_tracing(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
         self.access_log = (AccessLog(settings.access_log_sample, settings.access_log_file)
                            if settings.access_log else None)
         self._tasks: list[asyncio.Task[None]] = []
@@ -111,6 +111,8 @@ class Gateway:
                 await self.store.close()
             if self.access_log is not None:
                 self.access_log.close()
+            if self.tracing is not None:
+                self.tracing.provider.shutdown()  # exports what is still batched
 
     @property
     def snapshot(self) -> Snapshot:

@@ -9,18 +9,57 @@ uvicorn with this small subclass of its httptools protocol (`uvicorn_options(set
   either it gets a 408 OpenAI error and the connection is closed (the handler waiting for the body
   sees a disconnect). Idle kept-alive connections close after `keepalive_timeout_s` (uvicorn's own).
 - a connection beyond `max_connections` gets a 503 OpenAI error with `Retry-After` and is closed.
+
+It also lets the completion handler cork the connection (`CorkedTransport`, offered to the app as
+the scope extension `CORK`): the pieces of a response (uvicorn writes its head and each body message
+as they come) are held and then written at once, one `send` and one TCP segment for the client to
+read instead of several.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from router.asgi import CORK
 from router.errors import RETRY_AFTER_S, APIError
 from router.settings import Settings
+
+
+class CorkedTransport:
+    """A connection's transport whose writes can be held (`cork`) and then written as one (`uncork`,
+    also on `close`); everything else is the transport's own."""
+
+    __slots__ = ("_transport", "_held")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: list[bytes] | None = None
+
+    def cork(self) -> None:
+        if self._held is None:
+            self._held = []
+
+    def uncork(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._transport.write(data)
+        else:
+            self._held.append(data)
+
+    def close(self) -> None:
+        self.uncork()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -38,6 +77,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- connection ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, CorkedTransport(transport))
         if len(self.connections) > self.max_connections:
             self._refuse(APIError(503, f"the gateway has {self.max_connections} connections open; retry shortly",
                                   code="too_many_connections"))
@@ -51,6 +91,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- parser callbacks ------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope.setdefault("extensions", {})[CORK] = self.transport  # type: ignore[typeddict-item]
         if self._deadline is None:  # a further request on a kept-alive connection
             self._arm("headers")
 

@@ -148,8 +148,9 @@ class Settings(BaseSettings):
     access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0,
                                      description="share of successful requests logged (errors always are)")
     access_log_file: Path | None = Field(default=None, description="access log file (default: stderr)")
-    # OpenTelemetry traces (router/tracing.py): off by default; spans exported nowhere (`none`: the
-    # trace context still reaches the workers), to stdout (`console`) or over OTLP (`otlp`)
+    # OpenTelemetry traces (router/tracing.py): off by default; with no exporter (`none`) no span is
+    # recorded, only the trace context is made and reaches the workers; spans go to stdout (`console`)
+    # or over OTLP (`otlp`)
     tracing: bool = False
     trace_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str | None = Field(default=None, description="OTLP gRPC endpoint (default: OTEL_* variables)")

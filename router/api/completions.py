@@ -21,7 +21,6 @@ import time
 import grpc
 import orjson
 from fastapi.responses import Response
-from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -46,8 +45,10 @@ from router.api.openai_wire import (
 from router.asgi import (
     JSON_CONTENT_TYPE,
     ClientDisconnected,
+    Cork,
     DisconnectGuard,
     Headers,
+    cork_of,
     header_dict,
     raw_headers,
     read_body,
@@ -58,9 +59,9 @@ from router.gateway import Gateway
 from router.policy import Decision
 from router.request_id import request_id
 from router.schemas import ChatCompletionRequest, CompletionRequest
-from router.tracing import child, client_context, end_request, grpc_metadata, request_span
+from router.tracing import RequestTrace
 from router.upstream import Upstream, UpstreamError
-from specroute.contracts.limits import over_context, too_long_message
+from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
 from specroute.v1 import engine_pb2
 
 log = logging.getLogger("specroute.gateway.api")
@@ -87,11 +88,14 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
     """
     t0 = time.perf_counter()
     out = Outcome(kind)
-    if g.tracer is not None:
-        out.span = request_span(g.tracer, f"POST {scope['path']}", client_context(scope["headers"]), time.time_ns())
+    if g.tracing is not None:
+        out.trace = RequestTrace(g.tracing, "POST " + scope["path"], scope["headers"], time.time_ns())
+    cork = cork_of(scope)
     try:
-        await _serve(g, kind, scope, receive, send, t0, out)
+        await _serve(g, kind, scope, receive, send, t0, out, cork)
     finally:
+        if cork is not None:
+            cork.uncork()  # a stream's last events (or whatever an error left held) go out now
         if not out.status:
             out.status = 499  # the client went away (or the task was torn down) before an answer
         key = out.api_key
@@ -103,14 +107,14 @@ async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Se
         g.series.observe(out.domain, out.pool, out.status, out.completion_tokens, latency)
         if g.access_log is not None:
             g.access_log.write(out, latency)
-        if out.span is not None:
-            end_request(out, g.snapshot.policy.version)
+        if out.trace is not None:
+            out.trace.end(out, g.snapshot.policy.version)
 
 
 async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
-                 out: Outcome) -> None:
+                 out: Outcome, cork: Cork | None) -> None:
     try:
-        reply = await _complete(g, kind, scope, receive, send, t0, out)
+        reply = await _complete(g, kind, scope, receive, send, t0, out, cork)
     except APIError as exc:
         headers = [JSON_CONTENT_TYPE, *raw_headers(exc.headers)]
         if out.rid is not None and "x-request-id" not in exc.headers:
@@ -134,7 +138,7 @@ async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: S
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return
     out.status = reply.status
-    await send_response(send, reply.status, reply.headers, reply.body)
+    await send_response(send, reply.status, reply.headers, reply.body, cork)
 
 
 def _parse(kind: Kind, raw: bytes) -> Body:
@@ -155,11 +159,15 @@ def _stopped_by_shutdown() -> None:
         task.uncancel()
 
 
-def check_prompt_size(body: Body, context_tokens: int) -> None:
+def check_prompt_size(body: Body, context_tokens: int, prompt_bytes: int | None = None) -> None:
     """Refuse a prompt that certainly cannot fit `context_tokens` by its byte size alone (the bound of
-    specroute/contracts/limits.py), before it is classified or sent to a worker to tokenize."""
-    n = over_context(body.prompt_texts(), context_tokens)
-    if n is not None:
+    specroute/contracts/limits.py), before it is classified or sent to a worker to tokenize;
+    `prompt_bytes`: its size, when already counted."""
+    limit = prompt_byte_limit(context_tokens)
+    if limit <= 0:
+        return
+    n = text_bytes(body.prompt_texts()) if prompt_bytes is None else prompt_bytes
+    if n > limit:
         raise APIError(400, too_long_message(n, context_tokens), param=body.prompt_param,
                        code="context_length_exceeded")
 
@@ -169,7 +177,7 @@ def _headers(g: Gateway, d: Decision, pool: str | None, overhead_s: float, rid: 
 
 
 async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
-                    out: Outcome) -> _Reply | None:
+                    out: Outcome, cork: Cork | None) -> _Reply | None:
     s = g.settings
     authorization = b""
     content_length: bytes | None = None
@@ -196,19 +204,21 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     body.check_supported()
     if not g.model_known(body.model):
         raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-    check_prompt_size(body, g.pools.largest_context())  # what fits no pool is not even classified
+    texts = body.prompt_texts()
+    prompt_bytes = text_bytes(texts)
+    check_prompt_size(body, g.pools.largest_context(), prompt_bytes)  # what fits no pool is not even classified
 
-    span = out.span
-    t_cls = time.time_ns() if span is not None else 0
+    tr = out.trace if out.trace is not None and out.trace.recording else None  # spans to build
+    t_cls = time.time_ns() if tr is not None else 0
     label, probs, unc = g.classify(classifier_input(body))
     if not probs and label:
         probs = {label: 1.0}
     allowed = key.limits.pools if key is not None else ()
-    t_dec = time.time_ns() if span is not None else 0
-    d = g.route(probs, unc, allowed, context_of(body))
-    if span is not None and g.tracer is not None:
-        child(g.tracer, span, "classify", t_cls, t_dec, specroute__domain=d.domain, specroute__uncertainty=unc)
-        child(g.tracer, span, "decide", t_dec, time.time_ns(), specroute__pool=d.pool, specroute__reason=d.reason)
+    t_dec = time.time_ns() if tr is not None else 0
+    d = g.route(probs, unc, allowed, context_of(body, texts, prompt_bytes))
+    if tr is not None:
+        tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
+        tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})
     out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
     if key is not None and key.limits.domains and d.domain not in key.limits.domains:
         raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
@@ -221,12 +231,12 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
     if mc and max_tokens is not None and max_tokens >= mc:
         raise APIError(400, f"max_tokens={max_tokens} does not fit the model's context of {mc} tokens",
                        param="max_tokens", code="context_length_exceeded")
-    check_prompt_size(body, mc)
+    check_prompt_size(body, mc, prompt_bytes)
 
     req = generate_request(body, rid, d.domain, d.context)
     guard = DisconnectGuard(receive)
     try:
-        return await _generate(g, kind, body, d, req, t0, send, guard, out)
+        return await _generate(g, kind, body, d, req, t0, send, guard, out, cork)
     except asyncio.CancelledError:
         if guard.caused_cancel():
             return None
@@ -237,18 +247,15 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
 
 async def _generate(
     g: Gateway, kind: Kind, body: Body, d: Decision, req: engine_pb2.GenerateRequest, t0: float, send: Send,
-    guard: DisconnectGuard, log_out: Outcome,
+    guard: DisconnectGuard, log_out: Outcome, cork: Cork | None = None,
 ) -> _Reply:
     pre_s = time.perf_counter() - t0
     assert d.pool is not None
     rid = req.request_id
     try:
         allowed = log_out.api_key.limits.pools if log_out.api_key is not None else ()
-        metadata = None
-        if log_out.span is not None and g.tracer is not None:
-            log_out.up_span = child(g.tracer, log_out.span, "upstream", time.time_ns(), kind=SpanKind.CLIENT,
-                                    specroute__pool=d.pool)
-            metadata = grpc_metadata(log_out.up_span)
+        tr = log_out.trace
+        metadata = tr.upstream(time.time_ns(), d.pool) if tr is not None else None
         up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed, metadata)
     except UpstreamError as exc:
         err = from_upstream(exc)
@@ -267,8 +274,10 @@ async def _generate(
     if body.stream:
         g.metrics.overhead_seconds.observe(pre_s)
         headers = [*SSE_HEADERS, *_headers(g, d, up.pool, pre_s, rid)]
+        if cork is not None:  # the head, the role event and the first token: one write
+            cork.cork()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await _stream(g, up, d, out, send, guard, log_out)
+        await _stream(g, up, d, out, send, guard, log_out, cork)
         return _STREAMED
 
     col = Collected(up.worker_s)
@@ -302,7 +311,7 @@ def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, 
     out.pool, out.reason, out.status = up.pool, served_reason(d, up.pool), int(status)
     out.prompt_tokens, out.completion_tokens = col.prompt_tokens, col.completion_tokens or col.num_tokens
     if col.stats is not None:
-        out.mal = spec_object(d, up.pool, col)["mean_accepted_length"]
+        out.mal = col.mean_accepted_length()
     if g.settings.gateway_feedback and status == "200":
         g.feedback(feedback_record(d, up.pool, col, up.worker_s, rid))
 
@@ -313,7 +322,7 @@ def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
 
 
 async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: Send,
-                  guard: DisconnectGuard, log_out: Outcome) -> None:
+                  guard: DisconnectGuard, log_out: Outcome, cork: Cork | None = None) -> None:
     """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
     can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
     gateway is stopping), or nothing because the client itself went away."""
@@ -331,7 +340,11 @@ async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: 
             col.add(chunk)
             if chunk.text:
                 await emit(out.token_event(chunk.text))
+            if cork is not None and not chunk.finish_reason:
+                cork.uncork()
         finish = finish_reason(col.finish)
+        if cork is not None:  # the last events and the body's terminator (sent by `_serve`): one write
+            cork.cork()
         await emit(out.last_events(finish, col.usage(), spec_object(d, up.pool, col)))
         ok = True
     except grpc.aio.AioRpcError as exc:

@@ -43,10 +43,11 @@ def classifier_input(body: Body) -> list[dict[str, str]]:
     return [{"role": "user", "content": body.prompt_text()}]
 
 
-def context_of(body: Body) -> RequestContext:
-    """The request's context buckets (script, temperature, size) for the policy, which adds the domain."""
-    texts = body.prompt_texts()
-    return request_context(texts, body.temperature, text_bytes(texts))
+def context_of(body: Body, texts: list[str] | None = None, prompt_bytes: int | None = None) -> RequestContext:
+    """The request's context buckets (script, temperature, size) for the policy, which adds the domain
+    (`texts`, `prompt_bytes`: the body's prompt texts and their size, when already at hand)."""
+    texts = body.prompt_texts() if texts is None else texts
+    return request_context(texts, body.temperature, text_bytes(texts) if prompt_bytes is None else prompt_bytes)
 
 
 def generate_request(body: Body, request_id: str, domain: str, context: str = "") -> engine_pb2.GenerateRequest:
@@ -110,6 +111,14 @@ class Collected:
             return 0, 0, 0
         return int(s.drafted_tokens), int(s.accepted_tokens), int(s.steps)
 
+    def mean_accepted_length(self) -> float:
+        """The worker's mean accepted length, else the one its counts give."""
+        s = self.stats
+        if s is not None and s.mean_accepted_length:
+            return float(s.mean_accepted_length)
+        _, accepted, steps = self.counts()
+        return mean_accepted_length(accepted, steps)
+
 
 def finish_reason(reason: str) -> str:
     """The OpenAI `finish_reason` for a worker's; a worker that ended in error is a 502."""
@@ -126,9 +135,6 @@ def served_reason(d: Decision, pool: str | None) -> str:
 def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
     """The response's extra top-level `specroute` object (ARCHITECTURE.md)."""
     drafted, accepted, steps = col.counts()
-    s = col.stats
-    mal = float(s.mean_accepted_length) if s is not None and s.mean_accepted_length else (
-        mean_accepted_length(accepted, steps))
     return {
         "domain": d.domain,
         "pool": pool,
@@ -136,7 +142,7 @@ def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "steps": steps,
-        "mean_accepted_length": mal,
+        "mean_accepted_length": col.mean_accepted_length(),
     }
 
 
@@ -175,10 +181,7 @@ class Completion:
     def __init__(self, kind: Kind, rid: str, created: int, model: str, include_usage: bool = False) -> None:
         self.kind, self.rid, self.created, self.model = kind, rid, created, model
         self.include_usage = include_usage
-        # the per-token event is `event([choice(text, None)])`: its fixed parts are encoded once
-        # (split at the last mark: the model name may contain one too)
-        template = self.event([self.choice(_MARK, None, stream=True)])
-        self._token_head, self._token_tail = template.rsplit(orjson.dumps(_MARK), 1)
+        self._token_head = self._token_tail = b""
 
     def head(self, stream: bool) -> dict[str, Any]:
         h: dict[str, Any] = {"id": f"{_ID_PREFIX[self.kind]}-{self.rid}", "object": _OBJECT[(self.kind, stream)],
@@ -214,6 +217,11 @@ class Completion:
         return self.event([self.choice("", None, stream=True, role=True)])
 
     def token_event(self, text: str) -> bytes:
+        if not self._token_head:
+            # the per-token event is `event([choice(text, None)])`: its fixed parts are encoded once
+            # per stream (split at the last mark: the model name may contain one too)
+            template = self.event([self.choice(_MARK, None, stream=True)])
+            self._token_head, self._token_tail = template.rsplit(orjson.dumps(_MARK), 1)
         return self._token_head + orjson.dumps(text) + self._token_tail
 
     def last_events(self, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:

@@ -1,8 +1,10 @@
 """The structured access log (router/access_log.py): one JSON line per completion request, written
-where the fast-path handler finishes; sampled successes, every error; settings, flags, environment."""
+where the fast-path handler finishes; sampled successes, every error; lines written in batches off
+the request path; settings, flags, environment."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -82,3 +84,22 @@ def test_off_by_default_and_set_by_flags_or_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("SPECROUTE_ACCESS_LOG_SAMPLE", "0.5")
     s = Settings(pools="a=h:1")
     assert (s.access_log, s.access_log_sample) == (True, 0.5)
+
+
+@ASYNC
+async def test_lines_are_written_in_batches(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    log = AccessLog(1.0, path, flush_s=0.05, max_lines=3)
+    for rid in "ab":
+        out = Outcome("chat")
+        out.rid, out.status = rid, 200
+        log.write(out, 0.001)
+    assert path.read_bytes() == b""  # held for `flush_s`
+    await asyncio.sleep(0.1)
+    assert [x["request_id"] for x in _lines(path)] == ["a", "b"]
+    for rid in "cde":
+        out = Outcome("chat")
+        out.rid, out.status = rid, 200
+        log.write(out, 0.001)
+    assert [x["request_id"] for x in _lines(path)] == ["a", "b", "c", "d", "e"]  # `max_lines` waiting: at once
+    log.close()
