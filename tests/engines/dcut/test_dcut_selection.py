@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.dcut.cost import CostTable
+from engines.dcut.cost import PROFILE_RATIOS, CostTable
 from engines.dcut.selection import (
     RATIOS,
     Calibration,
@@ -113,3 +113,21 @@ def test_drafting_pays():
 
 def test_bs_bucket_is_the_next_power_of_two():
     assert [bs_bucket(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 33)] == [1, 1, 2, 4, 4, 8, 8, 16, 64]
+
+
+def test_a_timing_spike_in_the_profile_does_not_cut_a_block_at_batch_1():
+    """Issue #16, a served math request at batch 1: a draft the target accepts 11 tokens of (the scores
+    are its calibrated prefix products) was cut to 8 because the profile's spike at ratio 0.75 (116 ms,
+    against 76 at 0.5 and 89 at 1.0) had been carried into full verification. Repaired by the suffix
+    minimum, verifying all 15 is the better step and the 11 tokens are kept. Sixteen such rows at once
+    (batch 16 costs as profiled under load: compute bound) are still cut to a quarter."""
+    conf = np.array([[0.82, 0.76, 1.0, 0.45, 0.96, 0.95, 0.91, 1.0, 0.75, 0.99, 0.77, 0.32, 0.89, 0.71, 0.94]])
+    ms = np.array([[61.0, 67.0, 76.0, 116.0, 89.0], [81.0, 102.0, 117.0, 135.0, 159.0],
+                   [187.7, 274.7, 424.1, 559.4, 686.7]])
+    old = CostTable((1, 2, 16), PROFILE_RATIOS, tuple(map(tuple, np.maximum.accumulate(ms, axis=1))), 15)
+    new = CostTable((1, 2, 16), PROFILE_RATIOS, tuple(map(tuple, ms)), 15).monotone()
+    s = prefix_scores(conf)
+    assert select_keep(s, old, overhead_ms=38.0).keep == [8]
+    assert select_keep(s, new, overhead_ms=38.0).keep == [15]
+    under_load = select_keep(prefix_scores(np.repeat(conf, 16, axis=0)), new, overhead_ms=4 * 38.0)
+    assert under_load.kept_fraction <= 0.25 and under_load.cost_ms < 0.5 * under_load.full_cost_ms
