@@ -10,9 +10,10 @@ RATIOS the expected step throughput is
     U(rho) = (bs + sum of the top-K(rho) scores) / (C(bs, rho) + overhead)
 
 (every row emits at least one token per step: the correction or bonus), where C is the measured
-verify cost table. The ratio with the highest U wins; rho = 1.0 (verify everything) is always a
-candidate and the table is monotone in rho, so a chosen step is never predicted to cost more than
-verifying everything.
+verify cost table. The ratio with the highest U wins (one that prunes must beat rho = 1.0 by
+10% / sqrt(bs): the steps whose scores look worst are where they most underestimate); rho = 1.0
+(verify everything) is always a candidate and the table is monotone in rho, so a chosen step is
+never predicted to cost more than verifying everything.
 
 Modules:
 

@@ -22,9 +22,25 @@ from engines.dcut.selection import (
 )
 
 PROBE_FIRST, PROBE_MAX = 8, 1024    # plain steps between probes: PROBE_FIRST x batch size, doubling
+PROBE_ALONE_MAX = 16                # ... but at most this many for a row running alone (batch 1)
 PROBE_ROWS = 1                      # rows a probe drafts for (the rest of the batch takes a plain step)
-ROW_PRIOR = 4.0                     # pseudo-steps of the fleet average in each row's estimate
+ROW_PRIOR = 12.0                    # pseudo-steps of the bucket's average in each row's estimate
 FLEET_DECAY = 0.99                  # per drafted row: the fleet average spans the last ~100 drafted rows
+CUT_MARGIN = 0.1                    # a pruned step must look 10% / sqrt(rows) better than verifying all
+
+
+def row_estimate(record: tuple[int, float], prior: float, prior_weight: float = ROW_PRIOR) -> float:
+    """Tokens a row's next drafted step should emit: its record (drafted steps, tokens they emitted)
+    shrunk towards `prior` (its temperature bucket's average) counted as `prior_weight` steps."""
+    steps, tokens = record
+    return (tokens + prior_weight * prior) / (steps + prior_weight)
+
+
+def next_probe_interval(every: int, bs: int, probe_first: int = PROBE_FIRST,
+                        alone_max: int = PROBE_ALONE_MAX) -> int:
+    """Plain steps before the next probe, after a probe that came `every` plain steps after the last:
+    doubling, up to PROBE_MAX in a batch, up to `alone_max` for a row running alone."""
+    return min(max(2 * every, probe_first), PROBE_MAX if bs > 1 else max(alone_max, 1))
 
 
 @dataclass
@@ -35,9 +51,10 @@ class DcutController:
     batch size, from the cost model: profiled drafting and verify times (scaled by what drafted steps
     measure) and the tokens per row that drafted steps actually emitted. Where it does not pay the
     batcher runs plain decoding steps (the drafter catches up on the committed context at its next
-    pass), with a speculative probe after 8 x batch size plain steps, doubling up to 1024, so that
-    the acceptance estimate stays current. (Measured whole-step rates were tried as the arbiter: one
-    step's time swings with the drafter's catch-up on a new prompt, and the decision flapped.)
+    pass), with a speculative probe after 8 x batch size plain steps, doubling up to 1024 (up to 16
+    for a row alone), so that the acceptance estimate stays current. (Measured whole-step rates were
+    tried as the arbiter: one step's time swings with the drafter's catch-up on a new prompt, and
+    the decision flapped.)
 
     The fleet average (`tokens_per_row_ema`, the prior of every row's estimate) is a decayed mean over
     the last ~100 drafted rows, not over the last few steps: at batch 1 the last few steps are the
@@ -60,7 +77,14 @@ class DcutController:
     bucket_tokens: dict[str, float] = field(default_factory=dict)
     skip_drafting: bool = True        # allow plain steps when drafting does not pay
     probe_first: int = PROBE_FIRST    # plain steps per running row before the first probe
+    probe_alone_max: int = PROBE_ALONE_MAX   # most plain steps between probes at batch 1
     probe_rows: int = PROBE_ROWS
+    row_prior_weight: float = ROW_PRIOR   # pseudo-steps of the bucket's average in a row's estimate
+    # how much better than verifying everything a pruned step must look (at batch 1; / sqrt(rows)):
+    # the steps whose scores look worst are where they most underestimate (the optimizer's curse: at
+    # batch 1 math drafts were cut to 4 or 8 of 15 where the block accepted 9 to 12) and the profile
+    # is noisy; at batch 16 the errors of 16 rows' estimates average out and 2.5% holds back little
+    cut_margin: float = CUT_MARGIN
     skipped_steps: int = 0
     cursor: int = 0                   # rotates the rows a probe drafts for
     unmeasured_seen: int = 0
@@ -107,23 +131,26 @@ class DcutController:
     def rows_to_draft(self, rows: Sequence[tuple[int, int]],
                       buckets: Sequence[str] | None = None) -> list[int]:
         """Which running rows this step drafts for, given each row's (drafted steps, tokens those steps
-        emitted) and temperature bucket. A row's tokens per drafted step is its own record shrunk
-        towards its bucket's average (`ROW_PRIOR` pseudo-steps), so one unlucky step does not switch a
-        good row off and a new T=1 row does not inherit what greedy rows accept. All rows draft
-        where that pays for the batch; none (a plain step) where it does not, except every
-        `probe_every` plain steps a probe drafting for `probe_rows` rows (unmeasured rows first, else
-        rotating), which keeps the estimates current at little cost. The probe interval starts at
-        `probe_first` x batch size (one row's estimate matters less in a bigger batch) and doubles up
-        to PROBE_MAX while drafting keeps losing; a newly admitted row restarts it. A row running
-        alone is probed at once when a plain stretch begins (a new request, or its drafting just
-        stopped paying), then after 8, 16, ... plain steps: there are no other rows' plain steps to
-        spread a probe over (the probe is the step), and it is the row's own acceptance, not the
-        fleet's, that should decide whether that request drafts."""
+        emitted) and temperature bucket. A row's tokens per drafted step is `row_estimate`: its own
+        record shrunk towards its bucket's average, counted as `row_prior_weight` (12) steps, so a
+        request's first dozen steps do not outweigh what its kind of request accepts (a math request
+        can open with ten steps of ~1 token, restating the problem, then accept 5 a step) and a new
+        T=1 row does not inherit what greedy rows accept. All rows draft where that pays for the
+        batch; none (a plain step) where it does not, except every `probe_every` plain steps a probe
+        drafting for `probe_rows` rows (unmeasured rows first, else rotating), which keeps the
+        estimates current at little cost. The probe interval starts at `probe_first` x batch size
+        (one row's estimate matters less in a bigger batch) and doubles up to PROBE_MAX while drafting
+        keeps losing; a newly admitted row restarts it. A row running alone is probed at once when a
+        plain stretch begins (a new request, or its drafting just stopped paying), then after 8, 16,
+        16, ... plain steps (`probe_alone_max`): there are no other rows' plain steps to spread a
+        probe over (the probe is the step), it is the row's own acceptance that should decide whether
+        that request drafts, and acceptance comes back in bursts a probe every 64 or more steps
+        misses (a losing probe costs one or two plain steps' time: under ~15% of a plain stretch)."""
         bs = len(rows)
         if not self.enabled or not self.skip_drafting or bs <= 0:
             return list(range(bs))
         priors = [self.row_prior(buckets[i] if buckets is not None else None) for i in range(bs)]
-        est = [(tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR) for (steps, tokens), prior in zip(rows, priors, strict=True)]
+        est = [row_estimate(rec, prior, self.row_prior_weight) for rec, prior in zip(rows, priors, strict=True)]
         b = bs_bucket(bs)
         if self.pays(bs, sum(est) / bs):
             self.probe_every.pop(b, None)
@@ -139,7 +166,7 @@ class DcutController:
         every = self.probe_every.get(b, first)
         if n > every:                                  # probe after `every` plain steps
             self.plain_run[b] = 0
-            self.probe_every[b] = min(max(2 * every, self.probe_first), PROBE_MAX)
+            self.probe_every[b] = next_probe_interval(every, bs, self.probe_first, self.probe_alone_max)
             self.cursor += 1
             order = unmeasured + [(self.cursor + i) % bs for i in range(bs)]
             return sorted(list(dict.fromkeys(order))[:min(self.probe_rows, bs)])
@@ -151,7 +178,8 @@ class DcutController:
         """-> (selection, raw prefix products for `observe`)."""
         raw = prefix_scores(conf)
         scores = prefix_scores(conf, self.calibration.factors())
-        sel = select_keep(scores, self.table, forced, self.ratios, self.draft_ms(conf.shape[0]) / self.cost_scale)
+        sel = select_keep(scores, self.table, forced, self.ratios, self.draft_ms(conf.shape[0]) / self.cost_scale,
+                          cut_margin=self.cut_margin)
         return sel, raw
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,

@@ -17,6 +17,11 @@ PROFILE_RATIOS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # 0.0 = only y0
 PROFILE_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
 
+def suffix_min(a: np.ndarray, axis: int) -> np.ndarray:
+    """a[..., i, ...] -> min(a[..., i:, ...]) along `axis` (non-decreasing along it)."""
+    return np.flip(np.minimum.accumulate(np.flip(a, axis=axis), axis=axis), axis=axis)
+
+
 @dataclass(frozen=True)
 class CostTable:
     """Measured verify step time (ms) on a grid of batch sizes x kept ratios, for drafts of `draft_len`.
@@ -33,11 +38,15 @@ class CostTable:
     draft_ms: tuple[float, ...] = ()   # one batched drafter pass per batch size (empty: not profiled)
 
     def monotone(self) -> CostTable:
-        """Costs made non-decreasing along ratio and batch size (removes timing noise inversions)."""
-        a = np.asarray(self.ms, dtype=np.float64)
-        a = np.maximum.accumulate(a, axis=1)
-        a = np.maximum.accumulate(a, axis=0)
-        d = tuple(float(x) for x in np.maximum.accumulate(np.asarray(self.draft_ms, dtype=np.float64))) \
+        """Costs made non-decreasing along ratio and batch size (removes timing noise inversions).
+
+        Each cell becomes the least cost measured for that much work or more (a suffix minimum):
+        timing noise on a shared machine only ever adds time, so where verifying more measured
+        cheaper than verifying less, the smaller cell's time is the inflated one. (Raising every later
+        cell to the largest earlier one instead carried one slow measurement, say at ratio 0.75, into
+        the cost of full verification and made long blocks look up to 50% dearer than they are.)"""
+        a = suffix_min(suffix_min(np.asarray(self.ms, dtype=np.float64), axis=1), axis=0)
+        d = tuple(float(x) for x in suffix_min(np.asarray(self.draft_ms, dtype=np.float64), axis=0)) \
             if self.draft_ms else ()
         return CostTable(self.batch_sizes, self.ratios, tuple(tuple(float(x) for x in r) for r in a), self.draft_len, d)
 

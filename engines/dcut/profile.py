@@ -21,6 +21,7 @@ import numpy as np
 from engines.dcut.cost import PROFILE_BATCH_SIZES, PROFILE_RATIOS, CostTable
 
 PROFILE_FILE = "dcut_profile.json"
+PROFILE_VERSION = 2   # 2: interleaved rounds, lower quartile, suffix-minimum repair (re-profile older ones)
 
 
 def cpu_name() -> str:
@@ -35,9 +36,10 @@ def cpu_name() -> str:
 
 
 def machine_key(threads: int, draft_len: int, drafter: str = "") -> str:
-    """What a cost profile depends on: platform, CPU, threads, draft length (and drafter kind)."""
+    """What a cost profile depends on: platform, CPU, threads, draft length, how it was measured (and
+    drafter kind)."""
     cpu = cpu_name() or platform.processor() or ""
-    key = f"{platform.system()}-{platform.machine()}|{cpu}|threads={threads}|draft_len={draft_len}"
+    key = f"{platform.system()}-{platform.machine()}|{cpu}|threads={threads}|draft_len={draft_len}|v{PROFILE_VERSION}"
     return f"{key}|drafter={drafter}" if drafter else key
 
 
@@ -76,7 +78,12 @@ def save_profile(path: Path, key: str, table: CostTable) -> None:
 def profile_verify_cost(target, draft_len: int, batch_sizes: Sequence[int] = PROFILE_BATCH_SIZES,
                         ratios: Sequence[float] = PROFILE_RATIOS, context: int = 128, reps: int = 5,
                         capture: Sequence[int] = ()) -> CostTable:
-    """Time one verify forward (target + LM head) for each (batch size, ratio): median of `reps`."""
+    """Time one verify forward (target + LM head) for each (batch size, ratio).
+
+    The cells are timed in interleaved rounds (every cell once per round, the order reversed every
+    other round) and each keeps its lower quartile: on a shared machine the load comes and goes,
+    and timing one cell `reps` times in a row let a busy second inflate that cell alone, which
+    `CostTable.monotone` then had to repair. The first round is a warm-up."""
     import torch
 
     from engines.model import KVCache
@@ -85,25 +92,22 @@ def profile_verify_cost(target, draft_len: int, batch_sizes: Sequence[int] = PRO
     bmax = max(batch_sizes)
     cache = KVCache.for_model(cfg, bmax, context + draft_len + 2, dtype=next(target.parameters()).dtype)
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    cells = [(i, j) for i in range(len(batch_sizes)) for j in range(len(ratios))]
+    times: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
     with torch.no_grad():
-        for bs in batch_sizes:
-            row = []
-            for rho in ratios:
-                t = 1 + math.ceil(rho * draft_len)
+        for rnd in range(reps + 1):
+            for i, j in cells if rnd % 2 == 0 else cells[::-1]:
+                bs, t = batch_sizes[i], 1 + math.ceil(ratios[j] * draft_len)
                 tokens = torch.randint(0, cfg.vocab_size, (bs, t), generator=gen)
                 positions = (context + torch.arange(t))[None].expand(bs, t).contiguous()
-                slots = torch.arange(bs)
-                times = []
-                for i in range(reps + 1):
-                    t0 = time.perf_counter()
-                    out = target(tokens, positions, cache, slots, capture)
-                    target.logits(out.hidden)
-                    if i:  # first run is warm-up
-                        times.append((time.perf_counter() - t0) * 1000.0)
-                row.append(float(np.median(times)))
-            rows.append(tuple(row))
-    return CostTable(tuple(batch_sizes), tuple(ratios), tuple(rows), draft_len).monotone()
+                t0 = time.perf_counter()
+                out = target(tokens, positions, cache, torch.arange(bs), capture)
+                target.logits(out.hidden)
+                if rnd:  # the first round is a warm-up
+                    times[(i, j)].append((time.perf_counter() - t0) * 1000.0)
+    rows = tuple(tuple(float(np.percentile(times[(i, j)], 25)) for j in range(len(ratios)))
+                 for i in range(len(batch_sizes)))
+    return CostTable(tuple(batch_sizes), tuple(ratios), rows, draft_len).monotone()
 
 
 def profile_draft_cost(decoder, k: int, batch_sizes: Sequence[int], context: int = 128, reps: int = 3,

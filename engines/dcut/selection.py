@@ -84,12 +84,15 @@ def plan_groups(keep: Sequence[int], K: int, table: CostTable, max_groups: int =
 
 
 def select_keep(scores: np.ndarray, table: CostTable, forced: Sequence[bool] | None = None,
-                ratios: Sequence[float] = RATIOS, overhead_ms: float = 0.0, max_groups: int = 3) -> Selection:
+                ratios: Sequence[float] = RATIOS, overhead_ms: float = 0.0, max_groups: int = 3,
+                cut_margin: float = 0.0) -> Selection:
     """Global top-K selection over calibrated scores [B, K] (non-increasing along each row).
 
     Rows with `forced[i]` (per-request D-Cut switched off) keep all K drafts; the ratio applies to
     the others. Ties are broken by row-major order, so kept sets are prefixes even for equal scores.
-    Each candidate's cost is that of its best split into at most `max_groups` padded forwards.
+    Each candidate's cost is that of its best split into at most `max_groups` padded forwards. A
+    candidate that prunes must beat verifying everything by `cut_margin / sqrt(B)` (a fraction of
+    U): the expected tokens are a sum over B rows' estimates, whose errors average out as B grows.
     """
     s = np.asarray(scores, dtype=np.float64)
     B = s.shape[0]
@@ -105,6 +108,7 @@ def select_keep(scores: np.ndarray, table: CostTable, forced: Sequence[bool] | N
     order = np.argsort(-flat, kind="stable")
     csum = np.concatenate(([0.0], np.cumsum(flat[order])))
     full_cost = table.cost(B, 1.0)
+    margin = cut_margin / math.sqrt(B)
     best = None  # (U, rho, keep, expected, cost, groups)
     for rho in sorted(set(ratios)):
         k_free = min(flat.size, math.ceil(rho * flat.size - 1e-9))
@@ -117,6 +121,8 @@ def select_keep(scores: np.ndarray, table: CostTable, forced: Sequence[bool] | N
             groups, cost = plan_groups(keep, K, table, max_groups)
         expected = base_tokens + float(csum[k_free])
         u = expected / max(cost + overhead_ms, 1e-9)
+        if k_free < flat.size:
+            u /= 1.0 + margin
         if best is None or u > best[0] + 1e-12:
             best = (u, rho, keep, expected, cost, groups)
     assert best is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engines.dcut.controller import DcutController
+from engines.dcut.controller import PROBE_MAX, DcutController, next_probe_interval, row_estimate
 from engines.dcut.cost import PROFILE_RATIOS, CostTable
 
 
@@ -155,3 +155,71 @@ def test_new_rows_start_from_their_temperature_buckets_acceptance():
     assert ctl.rows_to_draft([(0, 0), (0, 0)], ["0", "0"]) == [0, 1]
     assert ctl.rows_to_draft([(0, 0), (0, 0)], ["high", "high"]) == []
     assert ctl.row_prior("low") == ctl.row_prior(None)   # no observation yet: the fleet average
+
+
+# a served math request (held-out aqua/dev-181, block 16, T=0): drafts plain DFly accepted per step.
+# Ten steps of about one token (restating the problem), then the bursts that make drafting pay.
+MATH_OPENING_THEN_BURSTS = [1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 1, 1, 5, 5, 5, 4] + [0, 4] * 13 + [2]
+
+
+def _replay(steps: list[int]):
+    """accept(n) for `_serve_alone` from plain DFly's per-step acceptances: a step that starts inside
+    one of plain DFly's accepted runs accepts what is left of it."""
+    starts, n = [], 1
+    for a in steps:
+        starts.append((n, a))
+        n += a + 1
+
+    def accept(n: int) -> int:
+        s, a = max((s, a) for s, a in starts if s <= n)
+        return max(0, a - (n - s))
+    return accept, n
+
+
+def _served_table() -> CostTable:
+    """The D-Cut profile the served run measured (one busy CPU thread): a plain step 52 ms, verifying
+    any number of drafts 88 ms, one DFly pass 24 ms; drafting pays from ~2 tokens a step."""
+    return CostTable((1, 2), PROFILE_RATIOS, ((52.4, 87.7, 87.7, 87.7, 87.7), (81.6, 101.6, 116.7, 134.7, 158.8)),
+                     15).with_draft_ms((23.7, 37.1))
+
+
+@pytest.mark.parametrize("old", [True, False])
+def test_a_math_request_that_opens_slowly_keeps_drafting_through_its_bursts(old):
+    """Issue #16: at concurrency 1 this request drafted its first ten steps (~1.2 tokens each), stopped
+    (its record outweighed the bucket's average of ~4), and its probes came 8, 16, 32, 64 plain steps
+    apart, too few to pull a record of 13 steps back over the ~2 tokens a step where drafting pays: the
+    bursts that followed ran as 120 plain steps, a mean accepted length of 1.06 against offline
+    DFly's 2.70. The bucket's average now counts as 12 steps and a row alone is probed at least
+    every 16 plain steps."""
+    kw = {"row_prior_weight": 4.0, "probe_alone_max": PROBE_MAX} if old else {}
+    ctl = DcutController(_served_table(), 15, **kw)
+    for _ in range(3):                                                    # earlier requests: ~4 tokens a step
+        _serve_alone(ctl, lambda n: 3, 0.9, tokens=128, draft_ms=23.7)
+    accept, tokens = _replay(MATH_OPENING_THEN_BURSTS)
+    offline = _serve_alone(None, accept, 0.9, tokens=tokens)
+    served = _serve_alone(ctl, accept, 0.9, tokens=tokens, draft_ms=23.7)
+    assert offline == pytest.approx(2.7, abs=0.05)
+    if old:
+        assert served < 0.6 * offline                                     # the loss, reproduced
+    else:
+        assert served >= 0.9 * offline
+
+
+def test_row_estimate_and_probe_interval_are_pure():
+    assert row_estimate((0, 0), 4.0) == 4.0                               # no record: the bucket's average
+    assert row_estimate((10, 12), 4.0, prior_weight=4.0) == pytest.approx(2.0)
+    assert row_estimate((10, 12), 4.0) == pytest.approx((12 + 48) / 22)  # 12 pseudo-steps of the average
+    assert row_estimate((1000, 1000), 4.0) < 1.05                         # a long record outweighs it
+    assert [next_probe_interval(e, 8) for e in (0, 8, 64, 512, 1024)] == [8, 16, 128, 1024, 1024]
+    assert [next_probe_interval(e, 1) for e in (0, 8, 16, 64)] == [8, 16, 16, 16]
+
+
+def test_a_row_alone_that_stopped_drafting_is_probed_at_least_every_16_plain_steps():
+    """At batch 1 the probe interval stops doubling at 16: a long request whose acceptance comes back
+    drafts again within 17 steps instead of after 64, 128, 256, ... plain steps."""
+    ctl = DcutController(_demo_like_table(), 15)
+    _spec_step(ctl, np.full((1, 15), 0.3), [0], 7.0)
+    decisions = [ctl.rows_to_draft([(40, 40)]) for _ in range(200)]
+    probes = [i for i, d in enumerate(decisions) if d]
+    assert probes[:3] == [0, 9, 26] and max(np.diff(probes)) == 17
+    assert ctl.skipped_steps == 200 - len(probes)                         # still plain steps in between

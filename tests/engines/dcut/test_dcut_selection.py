@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.dcut.cost import CostTable
+from engines.dcut.cost import PROFILE_RATIOS, CostTable
 from engines.dcut.selection import (
     RATIOS,
     Calibration,
@@ -113,3 +113,40 @@ def test_drafting_pays():
 
 def test_bs_bucket_is_the_next_power_of_two():
     assert [bs_bucket(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 33)] == [1, 1, 2, 4, 4, 8, 8, 16, 64]
+
+
+def test_a_timing_spike_in_the_profile_does_not_cut_a_block_at_batch_1():
+    """Issue #16, a served math request at batch 1: a draft the target accepts 11 tokens of (the scores
+    are its calibrated prefix products) was cut to 8 because the profile's spike at ratio 0.75 (116 ms,
+    against 76 at 0.5 and 89 at 1.0) had been carried into full verification. Repaired by the suffix
+    minimum, verifying all 15 is the better step and the 11 tokens are kept. Sixteen such rows at once
+    (batch 16 costs as profiled under load: compute bound) are still cut to a quarter."""
+    conf = np.array([[0.82, 0.76, 1.0, 0.45, 0.96, 0.95, 0.91, 1.0, 0.75, 0.99, 0.77, 0.32, 0.89, 0.71, 0.94]])
+    ms = np.array([[61.0, 67.0, 76.0, 116.0, 89.0], [81.0, 102.0, 117.0, 135.0, 159.0],
+                   [187.7, 274.7, 424.1, 559.4, 686.7]])
+    old = CostTable((1, 2, 16), PROFILE_RATIOS, tuple(map(tuple, np.maximum.accumulate(ms, axis=1))), 15)
+    new = CostTable((1, 2, 16), PROFILE_RATIOS, tuple(map(tuple, ms)), 15).monotone()
+    s = prefix_scores(conf)
+    assert select_keep(s, old, overhead_ms=38.0).keep == [8]
+    assert select_keep(s, new, overhead_ms=38.0).keep == [15]
+    under_load = select_keep(prefix_scores(np.repeat(conf, 16, axis=0)), new, overhead_ms=4 * 38.0)
+    assert under_load.kept_fraction <= 0.25 and under_load.cost_ms < 0.5 * under_load.full_cost_ms
+
+
+def test_a_cut_must_beat_full_verification_by_the_margin():
+    """Issue #16: with a profile measured under load (batch 1: 48 ms for y0 alone, 99 for 15 drafts),
+    these two served math drafts, which the target accepts 11 and 12 tokens of, were cut to 4 and 8:
+    the cut looked a few percent better, and such steps are where the prefix products most
+    underestimate a burst. A 10% margin verifies them in full; sixteen of them at once (a margin of
+    10% / sqrt(16), the rows' errors averaging out) are still cut as far, to under two thirds of the
+    full verify time."""
+    table = CostTable((1, 8, 16), PROFILE_RATIOS, ((48.2, 76.7, 84.3, 94.1, 99.3), (116.2, 147.5, 245.3, 269.3, 273.3),
+                                                   (187.7, 274.7, 424.1, 559.4, 686.7)), 15).monotone()
+    for conf, accepted in (([0.44, 1.0, 0.65, 0.61, 0.43, 0.55, 0.5, 0.88, 0.79, 0.86, 1.0, 0.87, 0.9, 1.0, 0.6], 11),
+                           ([0.42, 0.91, 0.84, 0.44, 0.89, 0.5, 1.0, 0.92, 0.73, 0.83, 0.5, 0.74, 0.3, 0.74, 0.25], 12)):
+        s = prefix_scores(np.array([conf]))
+        assert select_keep(s, table, overhead_ms=43.1).keep[0] < accepted
+        assert select_keep(s, table, overhead_ms=43.1, cut_margin=0.1).keep == [15]
+        batch = [select_keep(np.repeat(s, 16, axis=0), table, overhead_ms=196.2, cut_margin=m) for m in (0.0, 0.1)]
+        assert batch[0].keep == batch[1].keep and batch[1].kept_fraction <= 0.5
+        assert batch[1].cost_ms < 0.65 * batch[1].full_cost_ms
