@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.demo import Demo
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 TEST_PROMPTS = TEST_DATA / "prompts"
@@ -36,3 +40,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def data_dir() -> Path:
     """The fixture data folder (`prompts/*.jsonl`) that `SPECROUTE_DATA_DIR` names during the session."""
     return TEST_DATA
+
+
+@pytest.fixture(scope="session")
+def demo() -> Demo:
+    """The real demo bundle (`models/demo`: target + tokenizer), loaded once for the whole session, with
+    memoised greedy references (tests/demo.py). Skips the requesting test when it is not trained."""
+    import torch
+
+    from tests.demo import load_demo
+
+    torch.set_num_threads(1)
+    return load_demo()

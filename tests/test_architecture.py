@@ -117,9 +117,15 @@ def files() -> list[Path]:
     return found
 
 
+@pytest.fixture(scope="module")
+def violations(files: list[Path]) -> dict[str, list[str]]:
+    """Every file parsed once for all the folders' checks."""
+    return layering_violations(files)
+
+
 @pytest.mark.parametrize("folder", sorted(FORBIDDEN))
-def test_layering(files: list[Path], folder: str):
-    bad = layering_violations(files)[folder]
+def test_layering(violations: dict[str, list[str]], folder: str):
+    bad = violations[folder]
     allowed = ", ".join(sorted(FORBIDDEN[folder]))
     assert not bad, f"{folder}/ must not import {allowed}:\n" + "\n".join(bad)
 

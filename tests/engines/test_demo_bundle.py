@@ -9,19 +9,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engines.generate import ar_generate
-from engines.model import load_model
 from engines.sampling import SamplingParams
-from engines.tokenizer import Tokenizer
 from engines.training.data import DOMAINS, load_prompts
+from tests.demo import Demo
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
 
 
 @pytest.fixture(scope="module")
-def models():
-    torch.set_num_threads(2)
+def models(demo: Demo):
     hf = AutoModelForCausalLM.from_pretrained(str(DEMO), dtype=torch.float32).eval()
-    return hf, AutoTokenizer.from_pretrained(str(DEMO)), load_model(DEMO), Tokenizer.load(DEMO)
+    return hf, AutoTokenizer.from_pretrained(str(DEMO)), demo.target, demo.tok
 
 
 def _prompts(n: int = 5) -> list[str]:

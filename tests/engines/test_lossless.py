@@ -1,12 +1,17 @@
 """Losslessness on the REAL demo bundle (`models/demo` + trained drafters).
 
-- temperature 0: every drafter's output is token-identical to plain greedy decoding for 50 held-out
-  prompts across chat/code/math, 128 tokens each (EOS ignored so every output is 128 tokens long),
-  single-request and in a ragged batch with random per-row verification depth (D-Cut-like); the only
-  tolerated difference is a near-tie (tests/lossless.py).
-- temperature > 0: the first two sampled tokens of one prompt over 2000 seeds follow the target's exact
-  distribution (enumerated from the target's logits; chi-square), for every registered drafter kind,
-  with greedy drafts and with drafts sampled from the drafter (the default at T > 0).
+- temperature 0: every drafter's output is token-identical to plain greedy decoding, 128 tokens per prompt
+  (EOS ignored so every output is 128 tokens long), single-request and in a ragged batch with random
+  per-row verification depth (D-Cut-like); the only tolerated difference is a near-tie
+  (tests/lossless.py). The prompts: a pool of 24 held-out prompts, 8 per domain, interleaved
+  chat/code/math. Each drafter configuration decodes its own 3 of them (one per domain; the seven
+  configurations together cover 21 different prompts), the batched test decodes all 24 (DFly block 16,
+  3 ragged batches of 8). Every prompt's greedy reference is decoded once per session and shared by
+  every configuration (tests/demo.py).
+- temperature > 0: the first two sampled tokens of one prompt over 800 seeds follow the target's exact
+  distribution (enumerated once from the target's logits and shared; chi-square), for every registered
+  drafter kind, with drafts sampled from the drafter (the default at T > 0), and with greedy drafts for
+  one chain and one block drafter.
 
 Skipped with a reason when the bundle or a drafter is not there yet.
 """
@@ -15,23 +20,24 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from engines.generate import decode_one, prefill
-from engines.model import KVCache, Transformer, load_model
+from engines.model import Transformer
 from engines.sampling import SamplingParams, logits_to_probs
 from engines.spec import SpecDecoder
-from engines.tokenizer import Tokenizer
 from specroute.contracts.stats import AcceptanceStats
+from tests.demo import Demo
 from tests.lossless import assert_lossless
 
 pytestmark = pytest.mark.e2e
 
-BUNDLE = Path(__file__).resolve().parents[2] / "models" / "demo"
-N_PROMPTS, N_TOKENS = 50, 128
+N_TOKENS = 128
+PER_DOMAIN = 8      # the prompt pool: 8 held-out prompts per domain, interleaved chat/code/math
+PER_CONFIG = 3      # prompts a drafter configuration decodes: consecutive in the pool, so one per domain
+
 
 def _configs() -> list[tuple[str, int | None, int | None]]:
     """Every registered drafter: autoregressive ones at their own maximum depth (k None), block drafters
@@ -46,59 +52,27 @@ CONFIGS = _configs()
 
 
 @pytest.fixture(scope="module")
-def bundle():
-    if not (BUNDLE / "config.json").is_file() or not list(BUNDLE.glob("model*.safetensors")):
-        pytest.skip(f"demo target not trained yet ({BUNDLE}/config.json missing)")
-    torch.set_num_threads(1)
-    return load_model(BUNDLE), Tokenizer.load(BUNDLE)
-
-
-def _drafter(kind: str, block: int | None, target: Transformer):
-    if not (BUNDLE / "drafters" / kind / "config.json").is_file():
-        pytest.skip(f"{kind} drafter not trained yet ({BUNDLE}/drafters/{kind} missing)")
-    from engines.drafters.registry import load_drafter
-
-    return load_drafter(kind, BUNDLE, target, block_size=block)
-
-
-@pytest.fixture(scope="module")
-def prompts(bundle):
+def prompts(demo: Demo) -> list[list[int]]:
+    """The pool: PER_DOMAIN held-out prompts (<= 256 tokens) per domain, in the order chat, code, math,
+    chat, ... so any PER_CONFIG consecutive ones hold one of each domain."""
     from engines.training.data import load_prompts
 
-    _, tok = bundle
     items = load_prompts("heldout")
     random.Random(0).shuffle(items)
-    per = {"chat": 17, "code": 17, "math": 16}
-    out: list[list[int]] = []
+    by_domain: dict[str, list[list[int]]] = {"chat": [], "code": [], "math": []}
     for p in items:
-        if per.get(p.domain, 0) > 0:
-            ids = tok.encode_chat([{"role": "user", "content": p.prompt}])
+        picked = by_domain.get(p.domain)
+        if picked is not None and len(picked) < PER_DOMAIN:
+            ids = demo.tok.encode_chat([{"role": "user", "content": p.prompt}])
             if len(ids) <= 256:
-                out.append(ids)
-                per[p.domain] -= 1
-    assert len(out) == N_PROMPTS
-    return out
-
-
-@pytest.fixture(scope="module")
-def greedy_refs(bundle, prompts):
-    """Plain greedy decoding (engines.generate primitives), N_TOKENS each, EOS ignored."""
-    target, _ = bundle
-    refs = []
-    for ids in prompts:
-        cache = KVCache.for_model(target.config, 1, len(ids) + N_TOKENS + 1)
-        logits = target.logits(prefill(target, cache, 0, ids).hidden[0, -1])
-        toks = []
-        for i in range(N_TOKENS):
-            toks.append(int(logits.argmax()))
-            if i < N_TOKENS - 1:
-                logits = decode_one(target, cache, 0, toks[-1])
-        refs.append(toks)
-    return refs
+                picked.append(ids)
+    assert all(len(v) == PER_DOMAIN for v in by_domain.values())
+    assert len(CONFIGS) * PER_CONFIG <= 3 * PER_DOMAIN and PER_CONFIG % 3 == 0, "pool too small for the configs"
+    return [by_domain[d][i] for i in range(PER_DOMAIN) for d in ("chat", "code", "math")]
 
 
 def _spec_greedy(dec: SpecDecoder, slots: list[int], prompts: list[list[int]], k: int,
-                 keep_fn=None) -> list[list[int]]:
+                 keep_fn: Callable[[], int] | None = None) -> list[list[int]]:
     outs = {s: [dec.prefill(s, p, SamplingParams())] for s, p in zip(slots, prompts, strict=True)}
     live = list(slots)
     while live:
@@ -111,20 +85,24 @@ def _spec_greedy(dec: SpecDecoder, slots: list[int], prompts: list[list[int]], k
     return [outs[s][:N_TOKENS] for s in slots]
 
 
-@pytest.mark.parametrize(("kind", "block", "k"), CONFIGS, ids=[f"{c[0]}-{c[2] or 'max'}" for c in CONFIGS])
-def test_greedy_speculative_equals_greedy_decoding(bundle, prompts, greedy_refs, kind, block, k):
-    target, _ = bundle
-    drafter = _drafter(kind, block, target)
+@pytest.mark.parametrize(("j", "kind", "block", "k"), [(j, *c) for j, c in enumerate(CONFIGS)],
+                         ids=[f"{c[0]}-{c[2] or 'max'}" for c in CONFIGS])
+def test_greedy_speculative_equals_greedy_decoding(demo, prompts, j, kind, block, k):
+    """Configuration j decodes prompts PER_CONFIG*j .. PER_CONFIG*(j+1)-1 of the pool: one per domain."""
+    target = demo.target
+    drafter = demo.drafter(kind, block)
     k = k or drafter.max_draft
+    mine = range(j * PER_CONFIG, (j + 1) * PER_CONFIG)
     dec = SpecDecoder(target, drafter, 1, target.config.max_position_embeddings)
     ties, total = 0, AcceptanceStats()
-    for i, (ids, ref) in enumerate(zip(prompts, greedy_refs, strict=True)):
+    for i in mine:
+        ids = prompts[i]
         got, st = _spec_one(dec, ids, k)
         total = total.merge(st)
-        res = assert_lossless(target, ids, got, ref, label=f"{kind} k={k} prompt {i}")
+        res = assert_lossless(target, ids, got, demo.greedy(ids, N_TOKENS), label=f"{kind} k={k} prompt {i}")
         ties += 0 if res.identical else 1
     tau = total.mean_accepted_length
-    print(f"{kind} k={k}: {N_PROMPTS} prompts x {N_TOKENS} tokens lossless ({ties} near-ties), tau={tau:.2f}")
+    print(f"{kind} k={k}: prompts {list(mine)} x {N_TOKENS} tokens lossless ({ties} near-ties), tau={tau:.2f}")
     assert tau > 1.3, f"{kind} accepts almost nothing (mean accepted length {tau:.2f})"
 
 
@@ -137,15 +115,15 @@ def _spec_one(dec: SpecDecoder, ids: list[int], k: int) -> tuple[list[int], Acce
     return out[:N_TOKENS], st
 
 
-def test_batched_ragged_speculative_equals_greedy_decoding(bundle, prompts, greedy_refs):
-    target, _ = bundle
-    dec = SpecDecoder(target, _drafter("dfly", 16, target), 8, target.config.max_position_embeddings)
+def test_batched_ragged_speculative_equals_greedy_decoding(demo, prompts):
+    target = demo.target
+    dec = SpecDecoder(target, demo.drafter("dfly", 16), 8, target.config.max_position_embeddings)
     g = random.Random(1)
-    for start in range(0, 24, 8):   # 3 ragged batches of 8 (the single-request tests cover all 50)
+    for start in range(0, len(prompts), 8):   # 3 ragged batches of 8, every prompt of the pool
         batch = prompts[start:start + 8]
         got = _spec_greedy(dec, list(range(len(batch))), batch, 15, keep_fn=lambda: g.randint(0, 15))
         for j, (ids, row) in enumerate(zip(batch, got, strict=True)):
-            assert_lossless(target, ids, row, greedy_refs[start + j], label=f"batched prompt {start + j}")
+            assert_lossless(target, ids, row, demo.greedy(ids, N_TOKENS), label=f"batched prompt {start + j}")
 
 
 # --- temperature > 0 ----------------------------------------------------------------------------
@@ -184,18 +162,28 @@ def _hot_configs() -> list[tuple[str, bool]]:
     return [(kind, True) for kind in DRAFTERS] + [(kind, False) for kind in ("mtp", "dflash") if kind in DRAFTERS]
 
 
+TEMPERATURE, TOP_P = 1.0, 0.95
+
+
+@pytest.fixture(scope="module")
+def hot(demo: Demo) -> tuple[list[int], dict[tuple[int, int], float], set[int]]:
+    """The prompt of the T > 0 tests and its exact first-two-token distribution (enumerated once for
+    every drafter kind and drafting mode: it depends on the target only)."""
+    ids = demo.tok.encode_chat([{"role": "user", "content": "Tell me a story."}])
+    return (ids, *_exact_pair_distribution(demo.target, ids, TEMPERATURE, TOP_P))
+
+
 @pytest.mark.parametrize(("kind", "sample_drafts"), _hot_configs(),
                          ids=[f"{k}-{'sampled' if s else 'greedy'}-drafts" for k, s in _hot_configs()])
-def test_sampled_first_tokens_follow_the_target_distribution(bundle, kind, sample_drafts):
+def test_sampled_first_tokens_follow_the_target_distribution(demo, hot, kind, sample_drafts):
     """Two drafts a step (the first two tokens cover an accepted draft, a rejection's residual and the
     bonus), drafted greedily (q one-hot) or sampled from the drafter's q at the request's temperature
     and top-p (block drafters: every slot of the parallel block sampled from its own q_i)."""
-    target, tok = bundle
-    temperature, top_p, n, k = 1.0, 0.95, 800, 2   # 800 draws a kind: every kind x drafting mode runs in make test
-    ids = tok.encode_chat([{"role": "user", "content": "Tell me a story."}])
-    cells, enumerated = _exact_pair_distribution(target, ids, temperature, top_p)
+    target = demo.target
+    temperature, top_p, n, k = TEMPERATURE, TOP_P, 800, 2   # 800 draws for every kind x drafting mode
+    ids, cells, enumerated = hot
     slots = 100
-    dec = SpecDecoder(target, _drafter(kind, None, target), slots, len(ids) + 64, sample_drafts=sample_drafts)
+    dec = SpecDecoder(target, demo.drafter(kind), slots, len(ids) + 64, sample_drafts=sample_drafts)
     counts: dict[tuple[int, int], int] = {}
     for base in range(0, n, slots):
         firsts = dec.prefill_batch(list(range(slots)), [ids] * slots,
