@@ -222,8 +222,11 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
     long: list[Outcome] = []  # long streams on both pools, in flight when the worker dies
 
     def long_stream(k: str) -> None:
+        # 120 tokens: in flight when the worker dies 0.4 s in, and done well inside the 20 s deadline on
+        # the surviving worker even on a loaded 2-core machine (200 once ran past it at 10 tokens/s while
+        # streaming steadily: a gap of 0.38 s at most, slow but not hung)
         with httpx.Client(base_url=system.url) as client:
-            long.append(send(client, k, True, 20.0, max_tokens=200))
+            long.append(send(client, k, True, 20.0, max_tokens=120))
 
     threads = [threading.Thread(target=long_stream, args=(k,)) for k in ("chat", "code", "chat", "code")]
     for t in threads:
