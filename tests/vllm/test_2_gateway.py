@@ -112,16 +112,21 @@ def test_routing_shifts_code_traffic_to_the_vllm_pool(gateway: str, vllm_worker:
 def test_vllm_worker_killed_mid_stream_then_fallback(gateway: str, vllm_worker: VllmWorker) -> None:
     set_policy(gateway, exploration_rate=0.0, pins={"*": "vllm"})
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
-    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Once upon a time"}],
-                                            max_tokens=600, stream=True, temperature=1.0, seed=1)
+    # greedy on a raw prompt: this model loops until max_tokens, so the stream is surely still running
+    # when the worker dies (a sampled chat answer may end after a few tokens, depending on the CPU)
+    raw = client.completions.with_raw_response.create(model="demo", prompt="Once upon a time", max_tokens=600,
+                                                      stream=True, temperature=0.0)
+    assert raw.headers["x-specroute-pool"] == "vllm", raw.headers
+    # the stream has started (status, headers and the first token are out): kill the worker now, while
+    # vLLM is seconds from the end of a 600-token answer (waiting for later events let a fast CPU finish
+    # the whole answer into the gateway's buffers before the kill landed)
+    vllm_worker.proc.send_signal(signal.SIGKILL)
     got = 0
     with pytest.raises(openai.APIError):
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].text:
                 got += 1
-                if got == 3:
-                    vllm_worker.proc.send_signal(signal.SIGKILL)
-    assert got >= 3
+    assert 1 <= got < 600
     set_policy(gateway, pins={})
     for _ in range(3):   # the next requests are served by the pool that is left
         raw = client.chat.completions.with_raw_response.create(model="demo", messages=CODE, max_tokens=4)
