@@ -27,7 +27,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORTERS = ("none", "console", "otlp")
@@ -87,8 +87,12 @@ def traceparent(sc: SpanContext) -> Metadata:
     propagator injects, without building a context for it)."""
     if not sc.is_valid:
         return ()
-    tp = ("traceparent", f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}")
-    return (tp, ("tracestate", sc.trace_state.to_header())) if sc.trace_state else (tp,)
+    return _metadata(sc.trace_id, sc.span_id, sc.trace_flags, sc.trace_state)
+
+
+def _metadata(trace_id: int, span_id: int, flags: int, state: TraceState | None) -> Metadata:
+    tp = ("traceparent", f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}")
+    return (tp, ("tracestate", state.to_header())) if state else (tp,)
 
 
 def _unrecorded(tracer: Tracer, parent: Context | None, name: str) -> SpanContext:
@@ -150,8 +154,10 @@ class RequestTrace:
         sc = self._context
         if self.span is not None:  # the sampler dropped it: pass its own context on
             return traceparent(sc)
-        return traceparent(SpanContext(sc.trace_id, self._ids.generate_span_id(), is_remote=False,
-                                       trace_flags=sc.trace_flags, trace_state=sc.trace_state))
+        if not sc.is_valid:
+            return ()
+        # a child of the request's context, named without building a SpanContext for it
+        return _metadata(sc.trace_id, self._ids.generate_span_id(), sc.trace_flags, sc.trace_state)
 
     def end(self, out: Any, policy_version: int) -> None:
         """End the spans (`out`: router.access_log.Outcome) with the decision as attributes."""

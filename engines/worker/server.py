@@ -1,8 +1,11 @@
 """grpc.aio servicer for `protos/specroute/v1/engine.proto` over any `Backend`.
 
 Generate: validate and tokenize in the worker, submit to the backend with a thread-safe sink that
-feeds an asyncio queue, stream one chunk per event (with `coalesce`, set by non-streaming callers:
-the first chunk at once, then one final chunk carrying every later delta). A client that goes away
+feeds an asyncio queue, and stream a chunk as soon as an event arrives; events that are already
+queued behind it (the engine got ahead of the stream) go in the same chunk, so a busy worker sends
+fewer, larger deltas and never waits for more (`ready_events`). With `coalesce` (set by
+non-streaming callers) the first chunk goes out at once, then one final chunk carries every later
+delta. A client that goes away
 (cancel, disconnect, deadline) cancels the handler task; the `finally` cancels the request in the
 batcher, which frees its slot at once. The final chunk carries the request's speculative statistics,
 and a feedback record goes to Redis through the background writer.
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import math
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -95,6 +99,24 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
                       domain=r.domain, pool=r.pool, context=r.context)
 
 
+def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:
+    """`ev` and the events already queued behind it, through the request's last one (never waits)."""
+    evs = [ev]
+    while not ev.finish_reason and not q.empty():
+        ev = q.get_nowait()
+        evs.append(ev)
+    return evs
+
+
+def chunk_of(evs: list[Event]) -> pb.GenerateChunk:
+    """One chunk with the deltas of `evs` (their text and token ids, in order)."""
+    if len(evs) == 1:
+        ev = evs[0]
+        return pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
+    ids = [t for ev in evs for t in ev.token_ids]
+    return pb.GenerateChunk(text="".join(ev.text for ev in evs), num_tokens=len(ids), token_ids=ids)
+
+
 def stats_pb(ev: Event) -> pb.SpecStats:
     if ev.stats is None:
         return pb.SpecStats()
@@ -126,9 +148,15 @@ class EngineService(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Event] = asyncio.Queue()
+        loop_thread = threading.get_ident()
 
         def sink(ev: Event) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, ev)
+            # a backend on the loop (null, vLLM) queues its events directly; one with its own thread
+            # (the batcher) hands them over (each backend emits a request's events from one thread)
+            if threading.get_ident() == loop_thread:
+                q.put_nowait(ev)
+            else:
+                loop.call_soon_threadsafe(q.put_nowait, ev)
 
         try:
             handle = self.backend.submit(req, sink)
@@ -140,26 +168,29 @@ class EngineService(pb_grpc.EngineServicer):
         first = True
         # coalesce (non-streaming callers): after the first chunk, hold deltas back for the final one
         coalesce = request.coalesce
-        held_text: list[str] = []
-        held_ids: list[int] = []
+        held: list[Event] = []
         try:
             while True:
-                ev = await q.get()
+                evs = ready_events(await q.get(), q)
+                ev = evs[-1]
                 if ev.finish_reason in ABORT_CODES:
                     finished = True
+                    if len(evs) > 1 and (first or not coalesce):  # the deltas before it still go out
+                        chunk = chunk_of(evs[:-1])
+                        if first:
+                            chunk.prompt_tokens = len(req.prompt_ids)
+                        yield chunk
                     msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
                                        "shutdown": "worker shut down before the request finished"}.get(
                                            ev.finish_reason, "engine error")
                     log.warning("request %s ended: %s", req.request_id or "-", msg)
                     await context.abort(ABORT_CODES[ev.finish_reason], msg)
                 if coalesce and not first:
-                    held_text.append(ev.text)
-                    held_ids.extend(ev.token_ids)
+                    held += evs
                     if not ev.finish_reason:
                         continue
-                    chunk = pb.GenerateChunk(text="".join(held_text), num_tokens=len(held_ids), token_ids=held_ids)
-                else:
-                    chunk = pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
+                    evs = held
+                chunk = chunk_of(evs)
                 if first:
                     chunk.prompt_tokens = len(req.prompt_ids)
                     first = False
@@ -167,10 +198,11 @@ class EngineService(pb_grpc.EngineServicer):
                     finished = True
                     # one line per request at debug level (SPECROUTE_LOG_LEVEL=debug): a busy worker's log
                     # stays quiet by default; failed requests are logged with their id at warning level
-                    log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, trace %s",
-                             req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
-                             ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
-                             traceparent(context))
+                    if log.isEnabledFor(logging.DEBUG):  # (its arguments cost more than the check)
+                        log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, "
+                                  "trace %s", req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
+                                  ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
+                                  traceparent(context))
                     chunk.finish_reason = ev.finish_reason
                     chunk.prompt_tokens = len(req.prompt_ids)
                     if ev.stats is not None:

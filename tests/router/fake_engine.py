@@ -43,6 +43,7 @@ class FakeConfig:
     fail_after: int = 2  # chunks before a mid-stream failure
     redis_url: str | None = None
     coalesce: bool = True  # honour GenerateRequest.coalesce (False: an old worker, one chunk per token)
+    chunk_tokens: int = 1  # tokens per streamed chunk after the first (a speculative engine, or a busy worker)
 
 
 class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
@@ -89,6 +90,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
             text = ""
             emitted = 0
             finish = "length"
+            pending: list[str] = []  # streamed tokens not sent yet (`chunk_tokens`)
             for i, w in enumerate(fake_text(n)):
                 if c.token_delay_s:
                     await asyncio.sleep(c.token_delay_s)
@@ -103,16 +105,22 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                 if held is not None and i > 0:  # coalesce: the first chunk at once, the rest with the final one
                     held.append(w)
                     continue
-                yield engine_pb2.GenerateChunk(text=w, num_tokens=1, prompt_tokens=words if i == 0 else 0)
+                pending.append(w)
+                if i > 0 and len(pending) < c.chunk_tokens:
+                    continue
+                yield engine_pb2.GenerateChunk(text="".join(pending), num_tokens=len(pending),
+                                               prompt_tokens=words if i == 0 else 0)
+                pending = []
             steps = max(1, round(emitted / (1 + c.block_size * alpha)))
             drafted = steps * c.block_size
             accepted = round(drafted * alpha)
+            rest = held if held is not None else pending
             stats = engine_pb2.SpecStats(
                 drafted_tokens=drafted, accepted_tokens=accepted, steps=steps,
                 mean_accepted_length=1 + accepted / steps,
             )
             yield engine_pb2.GenerateChunk(
-                text="".join(held or ()), num_tokens=len(held or ()),
+                text="".join(rest), num_tokens=len(rest),
                 finish_reason=finish, prompt_tokens=words, completion_tokens=emitted, stats=stats
             )
             self.completed += 1

@@ -11,7 +11,7 @@ import pytest
 
 from router.api import openai
 from tests.router.conftest import engines, running_app, settings_for, sse_events
-from tests.router.fake_engine import FakeConfig, FakeEngine
+from tests.router.fake_engine import FakeConfig, FakeEngine, fake_text
 
 # one event loop for the whole session: grpc.aio does not like a fresh loop per test
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]
@@ -153,6 +153,25 @@ async def test_streaming_without_usage_puts_stats_in_last_chunk(redis_url: str) 
         ev = sse_events(r.text)
         assert ev[-1] == "[DONE]" and "usage" not in ev[0]
         assert ev[-2]["choices"][0]["finish_reason"] == "length" and ev[-2]["specroute"]["domain"] == "chat"
+
+
+async def test_multi_token_chunks_stream_every_token_in_order(redis_url: str) -> None:
+    # a worker sends the deltas that were ready together as one chunk (engines/worker/server.py), and
+    # speculative engines emit several tokens per step: one SSE event per chunk, every token, in order
+    cfg = {"chunk_tokens": 3, "default_acceptance": 0.5}
+    async with engines(FakeConfig(name="mtp", engine="mtp", **cfg), FakeConfig(name="dfly", engine="dfly", **cfg)) as es:
+        s = settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url)
+        async with running_app(s) as client:
+            r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8, "stream": True})
+            ev = sse_events(r.text)
+            assert ev[-1] == "[DONE]"
+            deltas = [e["choices"][0]["delta"].get("content") for e in ev[:-1]]
+            assert deltas == ["", "Hello", " from the fake", " engine. One", " two", None]
+            assert ev[-2]["choices"][0]["finish_reason"] == "length"
+            r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8})
+            b = r.json()
+            assert b["choices"][0]["message"]["content"] == "".join(fake_text(8))
+            assert b["usage"]["completion_tokens"] == 8
 
 
 async def test_completions(redis_url: str) -> None:

@@ -210,7 +210,8 @@ def test_null_engine_speaks_the_contract(start_worker):
     assert "".join(c.text for c in chunks).split()[:2] == ["lorem", "ipsum"]
     # coalesce (non-streaming callers): the first chunk, then one final chunk with every later delta
     merged = collect(w.stub, chat("anything at all", 7, coalesce=True))
-    assert len(merged) == 2 and merged[0].num_tokens == 1 and merged[0].prompt_tokens == 3
+    # (the first chunk also carries whatever deltas were already queued behind the first: never waits)
+    assert len(merged) <= 2 and merged[0].num_tokens >= 1 and merged[0].prompt_tokens == 3
     assert merged[-1].finish_reason == "length" and merged[-1].completion_tokens == 7
     assert "".join(c.text for c in merged) == "".join(c.text for c in chunks)
     assert [t for c in merged for t in c.token_ids] == [t for c in chunks for t in c.token_ids]
