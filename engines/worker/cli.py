@@ -72,9 +72,17 @@ def parse_settings(argv: list[str]):
         raise UserError(msg if where == "settings" else f"{where}: {msg}") from None
 
 
+def log_level(value: str | None) -> str:
+    """`SPECROUTE_LOG_LEVEL` as `logging` names it, any case (`debug`, `Warning`, ...); default INFO."""
+    level = (value or "INFO").strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        raise UserError(f"SPECROUTE_LOG_LEVEL={value!r}: not a log level (debug, info, warning, error, critical)")
+    return level
+
+
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)
-    logging.basicConfig(level=os.environ.get("SPECROUTE_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=log_level(os.environ.get("SPECROUTE_LOG_LEVEL")),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     import torch
 
