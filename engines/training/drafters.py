@@ -147,8 +147,9 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
         raise UserError("no training prompts fit the preset's prompt length")
 
     drafter = new_drafter(kind, target, **objective.drafter_config(p, tok.mask_id, layers)).train()
+    warm = None
     if init_from is not None:
-        warm_start(drafter, Path(init_from), target)
+        warm = warm_start(drafter, Path(init_from), target)
     run = Run(drafter, p, (data, feats), (held, held_feats), work / f"{kind}.ckpt.pt")
     if resume and run.ckpt.is_file():
         run.restore()
@@ -161,14 +162,15 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
         drafter.set_draft_vocab(vocab_for(data, tok, target, p.draft_vocab))
     dest = save_drafter(drafter, out_dir / "drafters" / kind)
     final_eval = run.progress.evals[-1] if run.progress.evals else run.evaluate()
-    report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds)
+    report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds,
+                             init_from=warm)
     (dest / f"train_{kind}.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> None:
+def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> dict:
     """Copy the weights of `bundle`'s trained drafter of the same kind (the draft vocabulary is not
-    copied: training sets its own)."""
+    copied: training sets its own); -> {bundle, steps it had been trained for (None if unrecorded)}."""
     from engines.drafters.registry import load_drafter
 
     src = load_drafter(drafter.kind, bundle, drafter.target)
@@ -177,6 +179,13 @@ def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> None:
     if [k for k in missing if k != "draft_vocab"] or unexpected:
         raise UserError(f"{bundle}: its {drafter.kind} drafter does not match this recipe's shape")
     print(f"{drafter.kind}: starting from the drafter in {bundle}")
+    report = bundle / "drafters" / drafter.kind / f"train_{drafter.kind}.json"
+    if not report.is_file():
+        return {"bundle": str(bundle), "steps": None}
+    prior = json.loads(report.read_text())
+    steps = prior["summary"].get("steps")  # its own run plus the runs it continued, if any
+    earlier = (prior.get("recipe", {}).get("init_from") or {}).get("steps")
+    return {"bundle": str(bundle), "steps": None if steps is None else steps + (earlier or 0)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,8 @@ class Progress:
 
 
 def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, final_eval: dict, dest: Path,
-                    data: DistillSet, held: DistillSet, data_seconds: float) -> dict:
-    """`train_<kind>.json`."""
+                    data: DistillSet, held: DistillSet, data_seconds: float, init_from: dict | None = None) -> dict:
+    """`train_<kind>.json`; `init_from`: the bundle and step count of the drafter this run started from."""
     last = run.history[-1] if run.history else {}
     summary = {
         "kind": d.kind, "preset": preset, "parameters": sum(q.numel() for q in d.parameters()),
@@ -50,6 +50,8 @@ def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, fi
         "objective": "; ".join(filter(None, (objective.describe(p), d.objective_note))),
         "preset": {**asdict(p), "steps": {d.kind: run.total}},
     }
+    if init_from is not None:
+        recipe["init_from"] = init_from
     return {"summary": summary, "recipe": recipe, "history": run.history, "evals": run.evals}
 
 
@@ -100,7 +102,8 @@ def drafter_lines(kind: str, report: dict, layers_field: str) -> list[str]:
              f"- data: {rec['data']['sequences']} sequences, {rec['data']['response_tokens']:,} response tokens "
              f"({rec['data']['per_domain']})",
              f"- {s['steps']} steps x batch {pre['batch_size']}, AdamW lr {pre['lr']} cosine, bf16 autocast, "
-             f"{s['train_seconds'] / 60:.1f} min on 2 CPU cores (+{s['data_seconds'] / 60:.1f} min data)", ""]
+             f"{s['train_seconds'] / 60:.1f} min on {_threads(pre.get('threads', 2))} (+{s['data_seconds'] / 60:.1f} "
+             f"min data){_continued(kind, rec.get('init_from'), s['steps'])}", ""]
     lines += ["| setting | domain | tau | tau T=1 | top-1 accuracy by position |", "|---|---|---|---|---|"]
     for setting, doms in s["heldout"].items():
         for dom, v in doms.items():
@@ -112,3 +115,17 @@ def drafter_lines(kind: str, report: dict, layers_field: str) -> list[str]:
         t1 = f"**{doms['mean_tau_t1']:.2f}**" if "mean_tau_t1" in doms else "-"
         lines.append(f"| {setting} | **mean** | **{doms['mean_tau']:.2f}** | {t1} | |")
     return [*lines, ""]
+
+
+def _threads(n: int) -> str:
+    return f"{n} torch thread{'s' if n != 1 else ''}"
+
+
+def _continued(kind: str, init: dict | None, steps: int) -> str:
+    """', continuing ...' for a run that started from a trained drafter (`--init-from`)."""
+    if not init:
+        return ""
+    before = init.get("steps")
+    if before is None:
+        return f", starting from the {kind} drafter of {init['bundle']}"
+    return f", continuing the {before} steps of the {kind} drafter of {init['bundle']} ({before + steps} steps in all)"

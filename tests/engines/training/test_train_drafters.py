@@ -222,15 +222,22 @@ def test_fine_tune_starts_from_a_trained_drafter(bundle, monkeypatch):
     from engines.model import load_model
 
     work = bundle.parent / "finetune"
-    train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, loss="ce", sampled_fraction=0.0)
+    first = train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, loss="ce", sampled_fraction=0.0)
     before = load_drafter("mtp", bundle, load_model(bundle)).state_dict()
     seen: dict = {}
     real = drafters.warm_start
 
     def spy(d, src, target):
-        real(d, src, target)
+        out = real(d, src, target)
         seen.update({k: v.clone() for k, v in d.state_dict().items()})
+        return out
 
     monkeypatch.setattr(drafters, "warm_start", spy)
-    train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, init_from=bundle, loss="kl")
+    report = train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, init_from=bundle, loss="kl")
     assert seen and all(torch.equal(seen[k], v) for k, v in before.items() if k != "draft_vocab")
+    # the report (and the card) say where the run started: the earlier run's steps
+    assert report["recipe"]["init_from"] == {"bundle": str(bundle), "steps": first["summary"]["steps"]}
+    from engines.training.report import drafter_lines
+
+    line = next(x for x in drafter_lines("mtp", report, "mtp_layers") if "steps x batch" in x)
+    assert f"continuing the {first['summary']['steps']} steps" in line and "torch thread" in line
