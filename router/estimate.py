@@ -19,13 +19,16 @@ figure), and one with many more than `backoff_weight` stands on its own evidence
 Goodput (output tokens per second of one request) at the pool's current state:
 
     k_now   = 0 for a pool that does not speculate (`ar`), else min(k, drafts per step D-Cut keeps now)
-    step(b) = step_ms * (1 + b * (1 + k_now) / compute_bound_tokens),  b = running per endpoint
+    step(b) = step_ms * (1 + b * (1 + k_now) / C),  b = running per endpoint
     goodput = (1 + k_now * alpha) * 1000 / step(b) / (1 + waiting / max_running)
 
 `1 + k * alpha` is the mean accepted length in expectation. The batch term says that verifying
 `k + 1` tokens per request is free while a forward is memory-bound and costs its share once the
-batch's tokens per forward approach `compute_bound_tokens`: at a large batch a speculative pool's
-advantage falls toward `(1 + k alpha) / (1 + k) < 1`, and a pool that does not speculate wins.
+batch's tokens per forward approach C: at a large batch a speculative pool's advantage falls toward
+`(1 + k alpha) / (1 + k) < 1`, and a pool that does not speculate wins. C is the pool's own figure,
+measured by its workers at startup (`InfoResponse.compute_bound_tokens`, engines/forward_cost.py:
+about 15 tokens on a 2-core CPU, hundreds on a GPU); `Learning.compute_bound_tokens` stands in for
+pools that do not report one (vLLM).
 `step_ms` is the observed step time, taken as the light-load one.
 """
 
@@ -69,7 +72,8 @@ class Learning(BaseModel):
     backoff_weight: float = Field(default=10.0, ge=0.1, le=1e6,
                                   description="requests of evidence a level borrows from the level above it")
     compute_bound_tokens: float = Field(default=256.0, gt=0.0, le=1e7,
-                                        description="tokens per forward where a step turns compute-bound")
+                                        description="tokens per forward where a step turns compute-bound, for pools whose "
+                                                    "workers do not report their own measurement")
 
     @model_serializer(mode="wrap")
     def _omit_v2_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -97,6 +101,9 @@ class PoolState:
     endpoints: int = 0
     speculative: bool = True  # False when every endpoint's engine kind never drafts (`ar`)
     draft_now: float | None = None  # drafts per step D-Cut keeps now (kept ratio x block); None: D-Cut off
+    # tokens per forward where the pool's steps turn compute-bound, as its workers measured it
+    # (InfoResponse.compute_bound_tokens); None: not reported, `Learning.compute_bound_tokens` applies
+    compute_bound_tokens: float | None = None
 
     @property
     def queue_factor(self) -> float:
@@ -191,14 +198,16 @@ def goodput(est: Shrunk, state: PoolState | None, learning: Learning, rng: rando
     else:
         alpha = a / (a + b)
     k = est.draft_len
-    batch, queue = 0.0, 1.0
+    batch, queue, bound = 0.0, 1.0, learning.compute_bound_tokens
     if state is not None:
         if not state.speculative:
             k = 0.0
         elif state.draft_now is not None:
             k = min(k, max(0.0, state.draft_now))
         batch, queue = state.batch, state.queue_factor
-    step = est.step_ms * (1.0 + batch * (1.0 + k) / learning.compute_bound_tokens)
+        if state.compute_bound_tokens:
+            bound = state.compute_bound_tokens
+    step = est.step_ms * (1.0 + batch * (1.0 + k) / bound)
     return (1.0 + k * alpha) * 1000.0 / step / queue
 
 

@@ -179,21 +179,26 @@ class Endpoint:
         }
 
 
-def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None]:
+def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None, float | None]:
     """Whether a pool speculates (False only when every available endpoint runs an engine kind that
-    never drafts, e.g. `ar`), and the drafts per step its D-Cut keeps now (kept ratio x block size,
-    averaged over the endpoints with D-Cut on; None when none has it on)."""
+    never drafts, e.g. `ar`), the drafts per step its D-Cut keeps now (kept ratio x block size,
+    averaged over the endpoints with D-Cut on; None when none has it on), and the tokens per forward
+    where its steps turn compute-bound (mean over the endpoints that measured it; None if none did)."""
     seen = spec = False
     kept: list[float] = []
+    bound: list[float] = []
     for e in eps:
         if not e.available(now):
             continue
         seen = True
         info, load = e.info, e.load
         spec = spec or info is None or info.engine not in NON_SPECULATIVE_ENGINES
+        if info is not None and info.compute_bound_tokens > 0:
+            bound.append(info.compute_bound_tokens)
         if load is not None and load.dcut_enabled and info is not None and info.block_size > 0:
             kept.append(load.kept_ratio * info.block_size)
-    return spec or not seen, (sum(kept) / len(kept) if kept else None)
+    return (spec or not seen, (sum(kept) / len(kept) if kept else None),
+            (sum(bound) / len(bound) if bound else None))
 
 
 class PoolManager:
@@ -266,9 +271,9 @@ class PoolManager:
                         running += load.running
                         waiting += load.waiting
                         max_running += load.max_running
-            spec, draft_now = speculation(eps, now)
+            spec, draft_now, bound = speculation(eps, now)
             out[name] = PoolState(healthy=n > 0, running=running, waiting=waiting, max_running=max_running,
-                                  endpoints=n, speculative=spec, draft_now=draft_now)
+                                  endpoints=n, speculative=spec, draft_now=draft_now, compute_bound_tokens=bound)
         return out
 
     def pick(self, pool: str, exclude: set[Endpoint] | None = None) -> Endpoint | None:

@@ -28,6 +28,9 @@ class BackendInfo:
     max_context: int               # tokens per request (prompt + output)
     max_running: int               # requests decoding at once
     max_waiting: int               # queued beyond those
+    # tokens per forward at which a forward costs twice a one-token one (engines/forward_cost.py;
+    # 0 = not measured): the router's load term for this pool
+    compute_bound_tokens: float = 0.0
 
 
 @dataclass(eq=False)
@@ -121,6 +124,7 @@ class LocalBackend:
 
     def __init__(self, settings, observer=None) -> None:
         from engines.factory import load_engine, make_batcher
+        from engines.forward_cost import measure_compute_bound
 
         try:
             self.engine = load_engine(settings.engine, settings.model, settings.block_size)
@@ -139,6 +143,7 @@ class LocalBackend:
             drafter=drafter.kind if drafter is not None else "",
             block_size=self.batcher.k, max_context=self.batcher.decoder.max_len,
             max_running=settings.max_running, max_waiting=settings.max_waiting,
+            compute_bound_tokens=measure_compute_bound(self.engine.target),   # before serving: ~0.3 s
         )
         self.batcher.start()
 

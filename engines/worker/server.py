@@ -231,7 +231,7 @@ class EngineService(pb_grpc.EngineServicer):
         return pb.InfoResponse(model_id=i.model_id, engine=i.engine, drafter=i.drafter, block_size=i.block_size,
                                max_context=i.max_context, max_running=i.max_running,
                                max_waiting=i.max_waiting, dcut=self.backend.dcut_enabled,
-                               version=specroute.__version__)
+                               version=specroute.__version__, compute_bound_tokens=i.compute_bound_tokens)
 
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         return self._info()

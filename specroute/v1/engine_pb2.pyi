@@ -89,7 +89,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "drafter", "block_size", "max_context", "max_running", "max_waiting", "dcut", "version")
+    __slots__ = ("model_id", "engine", "drafter", "block_size", "max_context", "max_running", "max_waiting", "dcut", "version", "compute_bound_tokens")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class InfoResponse(_message.Message):
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     DCUT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_BOUND_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     drafter: str
@@ -108,7 +109,8 @@ class InfoResponse(_message.Message):
     max_waiting: int
     dcut: bool
     version: str
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., drafter: _Optional[str] = ..., block_size: _Optional[int] = ..., max_context: _Optional[int] = ..., max_running: _Optional[int] = ..., max_waiting: _Optional[int] = ..., dcut: _Optional[bool] = ..., version: _Optional[str] = ...) -> None: ...
+    compute_bound_tokens: float
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., drafter: _Optional[str] = ..., block_size: _Optional[int] = ..., max_context: _Optional[int] = ..., max_running: _Optional[int] = ..., max_waiting: _Optional[int] = ..., dcut: _Optional[bool] = ..., version: _Optional[str] = ..., compute_bound_tokens: _Optional[float] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -48,23 +48,28 @@ def test_gateway_feedback_record_carries_the_context() -> None:
     assert rec.context == "d=code|s=latin|t=0|l=short" and rec.domain == "code"
 
 
-def _endpoint(engine: str, healthy: bool = True, dcut: bool = False, kept: float = 1.0, block: int = 4) -> Endpoint:
+def _endpoint(engine: str, healthy: bool = True, dcut: bool = False, kept: float = 1.0, block: int = 4,
+              bound: float = 0.0) -> Endpoint:
     e = Endpoint("p", "127.0.0.1:1", 3, 1.0)
     e.healthy = healthy
-    e.info = engine_pb2.InfoResponse(engine=engine, block_size=block)
+    e.info = engine_pb2.InfoResponse(engine=engine, block_size=block, compute_bound_tokens=bound)
     e.load = engine_pb2.LoadResponse(dcut_enabled=dcut, kept_ratio=kept)
     return e
 
 
 def test_pool_speculation_from_info_and_load() -> None:
     now = time.monotonic()
-    assert speculation([_endpoint("ar"), _endpoint("ar")], now) == (False, None)
-    assert speculation([_endpoint("ar"), _endpoint("dfly")], now) == (True, None)
-    assert speculation([_endpoint("ar"), _endpoint("dfly", healthy=False)], now) == (False, None)
-    assert speculation([], now) == (True, None)  # nothing known: assume it speculates
-    spec, draft_now = speculation([_endpoint("dfly", dcut=True, kept=0.25, block=8),
-                                   _endpoint("dfly", dcut=True, kept=0.75, block=8)], now)
+    assert speculation([_endpoint("ar"), _endpoint("ar")], now) == (False, None, None)
+    assert speculation([_endpoint("ar"), _endpoint("dfly")], now) == (True, None, None)
+    assert speculation([_endpoint("ar"), _endpoint("dfly", healthy=False)], now) == (False, None, None)
+    assert speculation([], now) == (True, None, None)  # nothing known: assume it speculates
+    spec, draft_now, bound = speculation([_endpoint("dfly", dcut=True, kept=0.25, block=8, bound=12.0),
+                                          _endpoint("dfly", dcut=True, kept=0.75, block=8, bound=18.0),
+                                          _endpoint("dfly", dcut=True, kept=0.0, block=8, bound=99.0,
+                                                    healthy=False)], now)
     assert spec and draft_now == pytest.approx(4.0)
+    assert bound == pytest.approx(15.0)  # measured by the available endpoints; 0 (vLLM) is "not measured"
+    assert speculation([_endpoint("vllm"), _endpoint("mtp", bound=20.0)], now)[2] == pytest.approx(20.0)
 
 
 HOT_CODE = "write python code that sorts a list"

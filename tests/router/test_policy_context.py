@@ -158,6 +158,25 @@ def test_load_term_flips_the_choice_at_high_batch() -> None:
     assert decide(CODE, 0.1, stats, spread, pol(learning=learning), random.Random(0), T0).pool == "dfly"
 
 
+def test_a_pool_measured_compute_bound_overrides_the_fleet_guess() -> None:
+    # a 2-core CPU pool turns compute-bound at ~15 tokens per forward: at batch 8 a 16-token block
+    # costs 1 + 8 * 16 / 15 = 9.5 light steps, MTP's 4 tokens 3.1; with the GPU-like default (256)
+    # the block drafter still looks best
+    learning = Learning()
+    dfly = shrink([cell(100, 0.3, k=15, step_ms=15.0)], learning)   # MAL 5.5
+    mtp = shrink([cell(100, 0.5, k=3, step_ms=10.0)], learning)     # MAL 2.5
+    assert dfly is not None and mtp is not None
+
+    def ratio(bound: float | None) -> float:
+        busy = PoolState(True, running=8, endpoints=1, compute_bound_tokens=bound)
+        return goodput(dfly, busy, learning, None) / goodput(mtp, busy, learning, None)
+
+    assert ratio(None) == ratio(256.0) > 1.0
+    assert ratio(15.0) < 0.7
+    idle = PoolState(True, running=0, endpoints=1, compute_bound_tokens=15.0)
+    assert goodput(dfly, idle, learning, None) == pytest.approx(5.5 * 1000 / 15.0, rel=0.01)   # no load term
+
+
 def test_speculative_advantage_tends_to_below_one_with_batch() -> None:
     learning = Learning(compute_bound_tokens=64.0)
     spec = shrink([cell(100, 0.5, k=4, step_ms=10.0)], learning)

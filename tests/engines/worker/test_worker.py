@@ -65,6 +65,7 @@ def test_info_load_health_and_metrics(ar_worker):
     info = ar_worker.stub.Info(pb.InfoRequest())
     assert (info.engine, info.max_running, info.max_waiting, info.max_context) == ("ar", 2, 1, 1024)
     assert info.version and not info.dcut
+    assert 1.0 <= info.compute_bound_tokens <= 1e6   # measured at startup (engines/forward_cost.py)
     load = ar_worker.stub.Load(pb.LoadRequest())
     assert load.max_running == 2 and load.running == 0
     health = health_pb2_grpc.HealthStub(ar_worker.channel)
@@ -203,7 +204,8 @@ def test_sigterm_drains_running_requests(bundle, start_worker):
 
 def test_null_engine_speaks_the_contract(start_worker):
     w = start_worker("--engine", "null", "--max-running", "4")
-    assert w.stub.Info(pb.InfoRequest()).engine == "null"
+    info = w.stub.Info(pb.InfoRequest())
+    assert info.engine == "null" and info.compute_bound_tokens == 0.0   # nothing measured: the router's default
     chunks = collect(w.stub, chat("anything at all", 7))
     assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 7
     assert sum(c.num_tokens for c in chunks) == 7
