@@ -96,8 +96,9 @@ class SpecDecoder:
         what drafters distilled on the target's distribution are trained to maximise. Block drafters
         sample every slot from its own q (DFlash: q_i given the block context; DFly: q_i also given the
         sampled predecessor), so q_i is exactly the distribution d_i was drawn from given everything
-        before it, which is all the ratio test and the residual need. Rows of mixed temperatures draft
-        greedily (one drafter call per step)."""
+        before it, which is all the ratio test and the residual need. A batch whose rows sample at
+        different temperatures or top-p is drafted by one drafter call per mode (greedy rows are one
+        mode), each row from q at its own settings."""
         if drafter is not None and drafter.target is not target:
             raise DrafterMismatch("drafter was built for a different target model")
         self.target = target
@@ -204,7 +205,8 @@ class SpecDecoder:
     # --- one speculative step ------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, slots: Sequence[int], k: int) -> Proposal | None:
-        """ONE drafter pass proposing up to k tokens after each row's y0 (None without a drafter)."""
+        """ONE drafter pass proposing up to k tokens after each row's y0 (one per sampling mode when the rows
+        sample differently; None without a drafter)."""
         if self.drafter is None or k <= 0:
             return None
         t0 = time.perf_counter()
@@ -231,16 +233,32 @@ class SpecDecoder:
             last_token=torch.tensor([st.y0 for st in states], dtype=torch.long),
             start=torch.tensor([self.length(s) for s in slots], dtype=torch.long),
         )
-        temperature, top_p, gen = 0.0, 1.0, None
-        modes = {(st.params.temperature, st.params.top_p) for st in states}
-        if self.sample_drafts and len(modes) == 1 and not states[0].params.greedy:
-            temperature, top_p = modes.pop()
-            gen = states[0].generator if len(states) == 1 else self._draft_gen
-        self.drafter.sample_drafts = temperature > 0.0
-        proposal = self.drafter.propose(ctx, k, temperature, top_p, gen)
+        groups: dict[tuple[float, float], list[int]] = {}
+        for b, st in enumerate(states):   # rows by sampling mode; greedy rows (T = 0) are one mode
+            mode = (0.0, 1.0) if st.params.greedy or not self.sample_drafts else \
+                (st.params.temperature, st.params.top_p)
+            groups.setdefault(mode, []).append(b)
+        if not self.drafter.samples_drafts:   # proposals that ignore the temperature (a tree)
+            groups = {(0.0, 1.0): list(range(B))}
+        if len(groups) == 1:
+            (temperature, top_p), = groups
+            proposal = self._propose(ctx, k, temperature, top_p, states)
+        else:   # one call per mode, so every sampled row drafts from its own q
+            proposal = Proposal.merge([(rows, self._propose(ctx.subset(rows), k, t, tp, [states[b] for b in rows]))
+                                       for (t, tp), rows in groups.items()], B)
         self.timing.draft_s += time.perf_counter() - t0
         self.timing.draft_calls += 1
         return proposal
+
+    def _propose(self, ctx: DraftContext, k: int, temperature: float, top_p: float,
+                 states: Sequence[SlotState]) -> Proposal:
+        """One drafter call for rows of one sampling mode (temperature 0: greedy drafts)."""
+        gen = None
+        if temperature > 0.0:
+            gen = states[0].generator if len(states) == 1 else self._draft_gen
+        assert self.drafter is not None
+        self.drafter.sample_drafts = temperature > 0.0
+        return self.drafter.propose(ctx, k, temperature, top_p, gen)
 
     @torch.no_grad()
     def verify(self, slots: Sequence[int], proposal: Proposal | None, keep: Sequence[int]) -> list[list[int]]:

@@ -40,6 +40,12 @@ class DraftContext:
     last_token: Tensor   # [B]     y0, the first token of the block to draft after
     start: Tensor        # [B]     n, the position of y0
 
+    def subset(self, rows: Sequence[int]) -> DraftContext:
+        """The context of `rows` only (in that order)."""
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        return DraftContext(self.slots[idx], self.feats[idx], self.positions[idx], self.valid[idx],
+                            self.next_tokens[idx], self.last_token[idx], self.start[idx])
+
 
 @dataclass
 class Proposal:
@@ -49,6 +55,25 @@ class Proposal:
                                  # (None means greedy drafting: q is one-hot at `tokens`)
     parents: Tensor | None = None  # [B, k] tree drafts (`engines/tree.py`): parent of each node
                                    # (-1: y0; parents precede children); None: a chain
+
+    @staticmethod
+    def merge(parts: Sequence[tuple[Sequence[int], Proposal]], batch: int) -> Proposal:
+        """Chain proposals for disjoint row sets -> one for `batch` rows (row r of part (rows, p) goes
+        to rows[r]). Rows drafted greedily get the one-hot q of their token when another part
+        sampled, which is what `probs=None` means for them."""
+        k = min(int(p.tokens.shape[1]) for _, p in parts)
+        tokens = torch.zeros(batch, k, dtype=torch.long)
+        conf = torch.zeros(batch, k)
+        sampled = [p.probs for _, p in parts if p.probs is not None]
+        probs = torch.zeros(batch, k, sampled[0].shape[-1]) if sampled else None
+        for rows, p in parts:
+            assert p.parents is None, "tree proposals are never split"
+            idx = torch.tensor(list(rows), dtype=torch.long)
+            tokens[idx], conf[idx] = p.tokens[:, :k].long(), p.conf[:, :k].float()
+            if probs is not None:
+                probs[idx] = p.probs[:, :k].float() if p.probs is not None else \
+                    torch.nn.functional.one_hot(p.tokens[:, :k].long(), probs.shape[-1]).float()
+        return Proposal(tokens, conf, probs)
 
 
 class Drafter(nn.Module):
@@ -72,6 +97,9 @@ class Drafter(nn.Module):
     objective_note: ClassVar[str] = ""   # appended to the family's description in the training report
     # D-Cut applies: proposals are chains whose per-position confidences D-Cut can cut (a tree is not)
     supports_dcut: ClassVar[bool] = True
+    # at T > 0 drafts are sampled from q at the request's temperature; False: proposals ignore the
+    # sampling settings (a deterministic tree, verified exactly at any temperature)
+    samples_drafts: ClassVar[bool] = True
 
     cfg: DraftConfig
 

@@ -36,6 +36,7 @@ class Eagle3Drafter(MTPDrafter):
     objective = "eagle"
     objective_note = "fused low/mid/high target layers; tree drafting (top-k per node)"
     supports_dcut = False   # D-Cut's cost model and calibration are per chain position; a tree is verified whole
+    samples_drafts = False  # a deterministic tree: the same proposal at every temperature
 
     @classmethod
     def label(cls, draft_len: int) -> str:

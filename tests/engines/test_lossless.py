@@ -210,3 +210,48 @@ def test_sampled_first_tokens_follow_the_target_distribution(demo, hot, kind, sa
     pval = _chi2_pvalue(obs, exp)
     print(f"{kind}: {len(big)} cells + pooled, chi-square p = {pval:.3f}")
     assert pval > 1e-3, f"{kind}: speculative samples differ from the target's distribution (p={pval:.2e})"
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_mixed_temperature_batch_samples_each_row_exactly(demo, hot, kind):
+    """A batch mixing greedy rows, rows at (T=0.7, top-p 0.9) and rows at the tests' (T=1, top-p 0.95):
+    the drafter is called once per mode, each row drafting from q at its own settings. The T=1 rows
+    still follow the target's exact two-token distribution and the greedy rows stay greedy."""
+    target = demo.target
+    ids, cells, enumerated = hot
+    greedy = demo.greedy(ids, 2)
+    hot_rows, n_greedy, n_warm, k = 60, 20, 20, 2
+    slots = hot_rows + n_greedy + n_warm
+    dec = SpecDecoder(target, demo.drafter(kind), slots, len(ids) + 64)
+    counts: dict[tuple[int, int], int] = {}
+    n = 0
+    for base in range(0, 600, hot_rows):
+        params = ([SamplingParams(TEMPERATURE, TOP_P, seed=base + s) for s in range(hot_rows)]
+                  + [SamplingParams()] * n_greedy
+                  + [SamplingParams(0.7, 0.9, seed=10_000 + base + s) for s in range(n_warm)])
+        firsts = dec.prefill_batch(list(range(slots)), [ids] * slots, params)
+        outs = {s: [y] for s, y in enumerate(firsts)}
+        live = list(range(slots))
+        while live:
+            proposal = dec.draft(live, k)
+            assert proposal is not None and proposal.probs is not None   # merged: sampled rows carry q
+            rows = dec.verify(live, proposal, [k] * len(live))
+            for s, r in zip(live, rows, strict=True):
+                outs[s] += r
+            live = [s for s in live if len(outs[s]) < 2]
+        for s in range(slots):
+            if s < hot_rows:
+                counts[(outs[s][0], outs[s][1])] = counts.get((outs[s][0], outs[s][1]), 0) + 1
+                n += 1
+            elif s < hot_rows + n_greedy:
+                assert_lossless(target, ids, outs[s][:2], greedy[:2], label=f"{kind} greedy row {s} of a mixed batch")
+            dec.release(s)
+    impossible = [key for key in counts if key[0] in enumerated and key not in cells]
+    assert not impossible, f"sampled pairs the target cannot produce: {impossible[:5]}"
+    big = [key for key, p in cells.items() if p * n >= 5]
+    obs = [counts.get(key, 0) for key in big]
+    exp = [cells[key] * n for key in big]
+    obs.append(n - sum(obs))
+    exp.append(n - sum(exp))
+    pval = _chi2_pvalue(obs, exp)
+    assert pval > 1e-3, f"{kind}: mixed-batch samples differ from the target's distribution (p={pval:.2e})"
