@@ -1,0 +1,27 @@
+"""The bundle card's acceptance table (engines/training/card.py): drafter x domain x temperature."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engines.training.card import acceptance_section
+
+
+def _row(drafter: str, k: int, domain: str, t: float, mal: float, speedup: float, drafting: str) -> dict:
+    return {"drafter": drafter, "k": k, "domain": domain, "temperature": t, "mean_accepted_length": mal,
+            "speedup": speedup, "lossless_checked": 12, "lossless_mismatches": 0, "drafting": drafting}
+
+
+def test_table_has_one_column_per_temperature_with_sampled_drafts(tmp_path: Path) -> None:
+    rows = [_row("mtp", 3, "chat", 0.0, 2.5, 1.4, "greedy"),
+            _row("mtp", 3, "chat", 1.0, 2.1, 1.2, "sampled"),
+            _row("mtp", 3, "chat", 1.0, 1.1, 0.6, "greedy"),      # the control row: not in the card
+            _row("dfly", 15, "code", 0.7, 3.0, 1.5, "sampled")]
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps({"rows": rows}))
+    lines = acceptance_section(path)
+    assert "| drafter | domain | T=0 | T=0.7 | T=1 | lossless (T=0) |" in lines
+    assert "| mtp k=3 | chat | 2.50 / 1.40x | - | 2.10 / 1.20x | 12/12 |" in lines
+    assert "| dfly b16 | code | - | 3.00 / 1.50x | - | - |" in lines
+    assert acceptance_section(tmp_path / "missing.json") == []
