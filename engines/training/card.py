@@ -21,7 +21,7 @@ from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
 from engines.training.data import DOMAINS, load_prompts
 
-DEMO_FLAGS = {"mtp": "--budget 1500 --steps 2400"}   # how models/demo's drafters differ from the preset
+DEMO_FLAGS = {"mtp": "--budget 1500 --steps 2400"}   # how models/demo's first MTP run differs from the preset
 
 
 def drafter_preset(bundle: Path, kind: str) -> str:
@@ -32,6 +32,21 @@ def drafter_preset(bundle: Path, kind: str) -> str:
         return "demo"
     recipe = json.loads(path.read_text()).get("recipe", {}).get("preset", {})
     return "demo-ce" if recipe.get("loss", "ce") == "ce" else "demo"
+
+
+def reproduce_lines(bundle: Path, kind: str) -> list[str]:
+    """The `specroute train` command(s) behind the bundle's `kind` drafter: one run, or a first run
+    (`demo-ce`, the recipe every first drafter shipped with) and the run that continued it
+    (`--init-from`, with the steps each recorded)."""
+    line = f"specroute train {kind} --preset {drafter_preset(bundle, kind)}"
+    path = Path(bundle) / "drafters" / kind / f"train_{kind}.json"
+    rep = json.loads(path.read_text()) if path.is_file() else {}
+    prior = (rep.get("recipe", {}).get("init_from") or {})
+    if not prior:
+        return [f"{line} {DEMO_FLAGS.get(kind, '')}".rstrip() + " --out models/demo"]
+    first = DEMO_FLAGS.get(kind) or (f"--steps {prior['steps']}" if prior.get("steps") else "")
+    return [f"specroute train {kind} --preset demo-ce {first}".rstrip() + " --out models/demo",
+            f"{line} --init-from models/demo --steps {rep['summary']['steps']} --out models/demo   # continues it"]
 
 
 @torch.no_grad()
@@ -92,8 +107,7 @@ def render_card(bundle: Path) -> str:
         "```bash",
         "specroute train tokenizer --out models/demo",
         "specroute train target --preset demo --out models/demo",
-        *[f"specroute train {k} --preset {drafter_preset(bundle, k)} {DEMO_FLAGS.get(k, '')}".rstrip()
-          + " --out models/demo" for k in DRAFTERS],
+        *[line for k in DRAFTERS for line in reproduce_lines(bundle, k)],
         "specroute train draft-vocab --size 2048 --out models/demo",
         "specroute train card --out models/demo      # this file",
         "```",

@@ -25,3 +25,21 @@ def test_table_has_one_column_per_temperature_with_sampled_drafts(tmp_path: Path
     assert "| mtp k=3 | chat | 2.50 / 1.40x | - | 2.10 / 1.20x | 12/12 |" in lines
     assert "| dfly b16 | code | - | 3.00 / 1.50x | - | - |" in lines
     assert acceptance_section(tmp_path / "missing.json") == []
+
+
+def test_reproduce_lines_show_a_continued_run_as_two_commands(tmp_path: Path) -> None:
+    from engines.training.card import reproduce_lines
+
+    def report(kind: str, recipe: dict, steps: int) -> None:
+        d = tmp_path / "drafters" / kind
+        d.mkdir(parents=True)
+        (d / f"train_{kind}.json").write_text(json.dumps({"summary": {"steps": steps}, "recipe": recipe}))
+
+    report("dfly", {"preset": {"loss": "lk"}, "init_from": {"bundle": "models/demo", "steps": 934}}, 412)
+    report("dflash", {"preset": {"loss": "ce"}}, 933)
+    assert reproduce_lines(tmp_path, "dfly") == [
+        "specroute train dfly --preset demo-ce --steps 934 --out models/demo",
+        "specroute train dfly --preset demo --init-from models/demo --steps 412 --out models/demo   # continues it"]
+    assert reproduce_lines(tmp_path, "dflash") == ["specroute train dflash --preset demo-ce --out models/demo"]
+    assert reproduce_lines(tmp_path, "mtp") == ["specroute train mtp --preset demo --budget 1500 --steps 2400 "
+                                                "--out models/demo"]
