@@ -55,7 +55,7 @@ from specroute.contracts.feedback import CellStats
 NON_SPECULATIVE_ENGINES = frozenset({"ar"})
 # knobs added with the v2 statistics: left out of the stored document while at their defaults, so a
 # gateway that does not know them (the document forbids unknown fields) still reads a new one
-V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens")
+V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens", "warmup_exploration")
 
 
 class Learning(BaseModel):
@@ -71,6 +71,9 @@ class Learning(BaseModel):
     contexts: bool = Field(default=True, description="learn per request context, backing off to domain and global")
     backoff_weight: float = Field(default=10.0, ge=0.1, le=1e6,
                                   description="requests of evidence a level borrows from the level above it")
+    warmup_exploration: float = Field(default=0.25, ge=0.0, le=1.0,
+                                      description="exploration rate while a candidate pool lacks min_samples "
+                                                  "requests of evidence in the request's domain")
     compute_bound_tokens: float = Field(default=256.0, gt=0.0, le=1e7,
                                         description="tokens per forward where a step turns compute-bound, for pools whose "
                                                     "workers do not report their own measurement")

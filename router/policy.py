@@ -9,7 +9,10 @@ Order of precedence (first match wins):
 1. `pin`        operator pin for the domain (or `"*"`) - always wins over learning.
 2. `uncertain`  classifier uncertainty above `uncertainty_threshold` -> `safe_pool`.
 3. `canary`     a traffic share for a canary pool (per domain or all domains).
-4. `explore`    with probability `exploration_rate`, a random other candidate (feeds the statistics).
+4. `explore`    with probability `exploration_rate`, a random other candidate (feeds the statistics);
+                while a candidate lacks `min_samples` requests of evidence in the domain, at
+                `learning.warmup_exploration` instead, to that candidate (fast learning after a reset;
+                `exploration_rate` 0 turns both off).
 5. `learned`    another candidate whose expected goodput beats the default pool's by
                 `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
 6. `default`    the domain's default pool.
@@ -303,16 +306,23 @@ def decide(
     default = policy.defaults.get(domain, policy.safe_pool)
     if learning.enabled:
         cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
-        # 4. exploration keeps every candidate's statistics fresh
-        if len(cands) > 1 and policy.exploration_rate > 0 and rng.random() < policy.exploration_rate:
-            others = [p for p in cands if p != default] or cands
+        levels = level_keys(domain, ctx) if learning.contexts else (domain,)
+        ests = {p: pool_estimate(stats, levels, p, learning) for p in cands}
+        # 4. exploration keeps every candidate's statistics fresh; a candidate without `min_samples`
+        # requests of evidence in this domain is explored at the (higher) warm-up rate until it has them
+        # (exploration_rate 0 turns all exploration off)
+        rate = policy.exploration_rate
+        unseen = [p for p in cands if p != default and (ests[p] is None or ests[p].n < learning.min_samples)]
+        if unseen and rate > 0:
+            rate = max(rate, learning.warmup_exploration)
+        if len(cands) > 1 and rate > 0 and rng.random() < rate:
+            others = unseen or [p for p in cands if p != default] or cands
             return out(rng.choice(others), "explore")
         # 5. exploitation: beat the default's expected goodput by a margin
-        levels = level_keys(domain, ctx) if learning.contexts else (domain,)
         scores: dict[str, float] = {}
         sampler = rng if learning.method == "thompson" else None
         for p in cands:
-            est = pool_estimate(stats, levels, p, learning)
+            est = ests[p]
             if est is None or est.n < learning.min_samples:
                 continue
             scores[p] = goodput(est, pools.get(p), learning, sampler)

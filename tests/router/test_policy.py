@@ -106,10 +106,34 @@ def test_canary_share_is_respected() -> None:
 def test_exploration_rate() -> None:
     p = pol(exploration_rate=0.1)
     rng = random.Random(2)
-    picks = [decide(CODE, 0.0, {}, HEALTHY, p, rng) for _ in range(4000)]
+    known = {("code", "dfly"): cell(30, 0.5), ("code", "mtp"): cell(30, 0.5)}   # both past min_samples
+    picks = [decide(CODE, 0.0, known, HEALTHY, p, rng) for _ in range(4000)]
     explored = [d for d in picks if d.reason == "explore"]
     assert 0.08 < len(explored) / len(picks) < 0.12
     assert all(d.pool == "mtp" for d in explored)
+
+
+def test_a_candidate_without_evidence_is_explored_at_the_warm_up_rate() -> None:
+    # after a reset nothing is known: the other candidate gets warmup_exploration (0.25) of the domain's
+    # traffic until it holds min_samples requests there, then the normal rate applies again
+    p = pol(exploration_rate=0.05)
+    rng = random.Random(3)
+    picks = [decide(CODE, 0.0, {}, HEALTHY, p, rng) for _ in range(4000)]
+    share = sum(d.reason == "explore" for d in picks) / len(picks)
+    assert 0.22 < share < 0.28 and all(d.pool == "mtp" for d in picks if d.reason == "explore")
+    # evidence elsewhere does not count: chat requests to mtp say nothing about mtp on code
+    chat_only = {("chat", "mtp"): cell(50, 0.5), ("code", "dfly"): cell(50, 0.5)}
+    picks = [decide(CODE, 0.0, chat_only, HEALTHY, p, rng) for _ in range(4000)]
+    assert 0.22 < sum(d.reason == "explore" for d in picks) / len(picks) < 0.28
+    # once mtp holds min_samples code requests: back to exploration_rate
+    known = {**chat_only, ("code", "mtp"): cell(6, 0.5)}
+    picks = [decide(CODE, 0.0, known, HEALTHY, p, rng) for _ in range(4000)]
+    assert 0.03 < sum(d.reason == "explore" for d in picks) / len(picks) < 0.07
+    # the operator's knobs: warmup_exploration 0 turns the warm-up off, exploration_rate 0 all exploration
+    off = pol(exploration_rate=0.05, learning={**p.learning.model_dump(), "warmup_exploration": 0.0})
+    picks = [decide(CODE, 0.0, {}, HEALTHY, off, rng) for _ in range(4000)]
+    assert 0.03 < sum(d.reason == "explore" for d in picks) / len(picks) < 0.07
+    assert all(decide(CODE, 0.0, {}, HEALTHY, pol(exploration_rate=0.0), rng).reason == "default" for _ in range(200))
 
 
 def test_learning_moves_away_from_bad_acceptance() -> None:
@@ -126,6 +150,9 @@ def test_learning_keeps_default_without_evidence() -> None:
     stats = {("code", "dfly"): cell(30, 0.05), ("code", "mtp"): cell(1, 0.9)}
     rng = random.Random(4)
     assert all(decide(CODE, 0.0, stats, HEALTHY, pol(exploration_rate=0.0), rng).pool == "dfly" for _ in range(50))
+    # with exploration on, mtp only ever gets exploration traffic (at the warm-up rate) until it has min_samples
+    picks = [decide(CODE, 0.0, stats, HEALTHY, pol(exploration_rate=0.05), rng) for _ in range(200)]
+    assert {d.reason for d in picks if d.pool == "mtp"} == {"explore"} and sum(d.pool == "dfly" for d in picks) > 100
 
 
 def test_learning_disabled_and_ucb() -> None:
