@@ -153,6 +153,22 @@ def _chi2_pvalue(observed: list[float], expected: list[float]) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def _assert_follows(counts: dict[tuple[int, int], int], n: int, cells: dict[tuple[int, int], float],
+                    enumerated: set[int], label: str) -> None:
+    """`n` sampled first-token pairs (`counts`) against the exact distribution `cells`: no pair the
+    target cannot produce, and a chi-square test (cells expected >= 5 on their own, the rest pooled)."""
+    impossible = [key for key in counts if key[0] in enumerated and key not in cells]
+    assert not impossible, f"{label}: sampled pairs the target cannot produce: {impossible[:5]}"
+    big = [key for key, p in cells.items() if p * n >= 5]
+    obs = [counts.get(key, 0) for key in big]
+    exp = [cells[key] * n for key in big]
+    obs.append(n - sum(obs))
+    exp.append(n - sum(exp))
+    pval = _chi2_pvalue(obs, exp)
+    print(f"{label}: {len(big)} cells + pooled, chi-square p = {pval:.3f}")
+    assert pval > 1e-3, f"{label}: speculative samples differ from the target's distribution (p={pval:.2e})"
+
+
 def _hot_configs() -> list[tuple[str, bool]]:
     """Every registered drafter kind (read at collection time), with greedy and with sampled drafts."""
     from engines.drafters.registry import DRAFTERS
@@ -199,17 +215,7 @@ def test_sampled_first_tokens_follow_the_target_distribution(demo, hot, kind, sa
             key = (outs[s][0], outs[s][1])
             counts[key] = counts.get(key, 0) + 1
             dec.release(s)
-    impossible = [key for key in counts if key[0] in enumerated and key not in cells]
-    assert not impossible, f"sampled pairs the target (top-p {top_p}) cannot produce: {impossible[:5]}"
-    # cells expected >= 5 on their own; everything else pooled into one cell
-    big = [key for key, p in cells.items() if p * n >= 5]
-    obs = [counts.get(key, 0) for key in big]
-    exp = [cells[key] * n for key in big]
-    obs.append(n - sum(obs))
-    exp.append(n - sum(exp))
-    pval = _chi2_pvalue(obs, exp)
-    print(f"{kind}: {len(big)} cells + pooled, chi-square p = {pval:.3f}")
-    assert pval > 1e-3, f"{kind}: speculative samples differ from the target's distribution (p={pval:.2e})"
+    _assert_follows(counts, n, cells, enumerated, kind)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -246,12 +252,4 @@ def test_mixed_temperature_batch_samples_each_row_exactly(demo, hot, kind):
             elif s < hot_rows + n_greedy:
                 assert_lossless(target, ids, outs[s][:2], greedy[:2], label=f"{kind} greedy row {s} of a mixed batch")
             dec.release(s)
-    impossible = [key for key in counts if key[0] in enumerated and key not in cells]
-    assert not impossible, f"sampled pairs the target cannot produce: {impossible[:5]}"
-    big = [key for key, p in cells.items() if p * n >= 5]
-    obs = [counts.get(key, 0) for key in big]
-    exp = [cells[key] * n for key in big]
-    obs.append(n - sum(obs))
-    exp.append(n - sum(exp))
-    pval = _chi2_pvalue(obs, exp)
-    assert pval > 1e-3, f"{kind}: mixed-batch samples differ from the target's distribution (p={pval:.2e})"
+    _assert_follows(counts, n, cells, enumerated, f"{kind} (mixed batch)")
