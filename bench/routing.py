@@ -7,6 +7,7 @@ Every arm is two worker processes (bench/routing_system.py `ARMS`):
     all-mtp    2 x MTP                 all-dfly   2 x DFly + D-Cut          all-ar   2 x AR
     static     1 MTP + 1 DFly + D-Cut, the built-in default policy (classifier routes) with learning off
     learned    the same two workers, the built-in default policy with learning on
+    learned-shared  2 x (MTP + DFly + AR modes over one target), pools mtp / dfly / ar on both, learning on
 
 Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 chat heavy, T in
 {0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the
@@ -124,7 +125,7 @@ def run_trace(system: System, arm: Arm, sc: Scenario, warm: list[TraceItem], tra
               max_tokens: int) -> tuple[list[Result], list[float]]:
     """Warm up, then the measured segments (S4's fault between them); returns results and phase starts."""
     port = system.gateway_port
-    dfly = [k for ks in arm.pools.values() for k in ks if k[0] == "dfly"]
+    dfly = list(dict.fromkeys(k for ks in arm.pools.values() for k in ks if k[0] in ("dfly", "multi")))
     system.reset_stats()
     time.sleep(1.5)   # every gateway's snapshot has pulled the empty statistics
 
@@ -158,7 +159,7 @@ def analyse(name: str, sc: Scenario, conc: int, rows: dict[str, list[dict[str, A
     better = {ph: better_pools(fleets, ph) for ph in range(len(sc.phases))}
     change = 1 if len(sc.phases) > 1 and (name.startswith("S3") or sc.fault_at_phase is not None) else None
     if change is not None:
-        for arm in ("static", "learned"):
+        for arm in ("static", "learned", "learned-shared"):
             if arm in rows:
                 arms[arm]["switch"] = switch_point(rows[arm], change, default_pools(better[change]), better[change],
                                                    window)

@@ -4,7 +4,10 @@ every arm and scenario), and one gateway per arm, all as users run them (`specro
 
 Arms (`ARMS`): each is exactly two worker processes with one torch thread each. The routed arms
 (classifier-static and learned) share the first MTP and the first DFly + D-Cut worker with the fleets;
-workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
+`learned-shared` runs two multi-mode workers (`--engine mtp,dfly,ar`: one target, both drafters),
+each a member of three pools, one per mode (`--pool-mode`), so routing picks a mode per request
+without splitting the hardware. Workers of the arms not running sit idle (blocked on their queues,
+no CPU). Between arms and cells the
 statistics keys are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway
 writes the built-in default policy; the static arm then turns learning off through the admin API.
 """
@@ -27,7 +30,8 @@ from typing import Any
 from specroute.errors import UserError
 from specroute.readiness import free_port, grpc_serving, poll_until
 
-WorkerKey = tuple[str, int]   # (engine, member index)
+WorkerKey = tuple[str, int]   # (engine, member index); engine "multi": MULTI_MODES over one target
+MULTI_MODES = "mtp,dfly,ar"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class Arm:
     name: str
     pools: dict[str, tuple[WorkerKey, ...]]   # gateway pool name -> its workers
     learning: bool = True
+    modes: dict[str, str] | None = None        # pool name -> engine mode (multi-mode workers)
+
+
+SHARED = (("multi", 0), ("multi", 1))
 
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
@@ -43,6 +51,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("all-ar", {"ar": (("ar", 0), ("ar", 1))}),
     Arm("static", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}, learning=False),
     Arm("learned", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}),
+    Arm("learned-shared", {"mtp": SHARED, "dfly": SHARED, "ar": SHARED}, modes={"mtp": "mtp", "dfly": "dfly", "ar": "ar"}),
 )}
 
 
@@ -133,9 +142,10 @@ class System:
         engine, i = key
         port = free_port()
         log = self.log_dir / f"worker-{engine}-{i}.log"
-        args = ["worker", "--engine", engine, *(["--dcut"] if engine == "dfly" else []), "--model", str(self.model),
+        kind = MULTI_MODES if engine == "multi" else engine
+        args = ["worker", "--engine", kind, *(["--dcut"] if engine == "dfly" else []), "--model", str(self.model),
                 "--port", str(port), "--pool", engine, "--redis-url", self.redis_url, "--threads", "1",
-                "--degrade-drafter-noise", str(self.noise)]
+                "--degrade-drafter-noise", str(self.noise), *(["--degrade-mode", "dfly"] if engine == "multi" else [])]
         return key, _spawn(args, log), f"127.0.0.1:{port}", log
 
     def signal_workers(self, keys: list[WorkerKey], sig: signal.Signals) -> None:
@@ -149,7 +159,9 @@ class System:
         self.gateway_port = free_port()
         log = self.log_dir / f"gateway-{arm.name}.log"
         pools = [f"{name}={','.join(self.workers[k][1] for k in ks)}" for name, ks in arm.pools.items()]
-        args = ["gateway", *(x for p in pools for x in ("--pool", p)), "--port", str(self.gateway_port),
+        modes = [f"{name}={mode}" for name, mode in (arm.modes or {}).items()]
+        args = ["gateway", *(x for p in pools for x in ("--pool", p)), *(x for m in modes for x in ("--pool-mode", m)),
+                "--port", str(self.gateway_port),
                 "--redis-url", self.redis_url, "--log-level", "warning"]
         env = {"SPECROUTE_ADMIN_TOKEN": self.admin_token, "SPECROUTE_SEED": str(self.seed)}
         self.gateway = _spawn(args, log, env)

@@ -84,8 +84,7 @@ class Batcher:
         self.decode_text = decode_text
         self.eos_ids = frozenset(eos_ids)
         self.config = config
-        drafter = getattr(decoder, "drafter", None)
-        max_draft = int(drafter.max_draft) if drafter is not None else 0
+        max_draft = int(getattr(decoder, "max_draft", 0))   # the widest mode's
         self.k = max_draft if config.k is None else max(0, min(int(config.k), max_draft))
         self.dcut = dcut
         self.observer = observer or BatcherObserver()
@@ -261,7 +260,7 @@ class Batcher:
                 self._pending -= 1
             a.slot = self._free.pop(0)
             try:
-                self.decoder.start(a.slot, a.req.prompt_ids, a.req.params)
+                self.decoder.start(a.slot, a.req.prompt_ids, a.req.params, a.req.mode or None)
             except Exception as exc:
                 self._finish(a, "error", error=str(exc))
                 continue

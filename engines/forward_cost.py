@@ -14,6 +14,7 @@ guess. Timing is the only I/O here; the fit is `fit_compute_bound`, a pure funct
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,6 +23,26 @@ from engines.model import KVCache, Transformer
 
 ROWS = 8            # the large forward: ROWS rows of `tokens // ROWS` tokens, as a batched verify step
 NEVER = 1e6         # reported when the large forward measured no dearer than the small one (noise)
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """`cost(n) = base + n * per_token` in units of `per_token`: a forward of n tokens costs
+    `compute_bound_tokens + n`. Speaks `CostTable.cost_many`, so D-Cut's `plan_groups` can split a
+    ragged verify by it (a worker serving several modes pads an MTP row to a DFly row's width)."""
+
+    compute_bound_tokens: float
+    draft_len: int
+
+    def cost(self, bs: int, frac: float) -> float:
+        """One forward over `bs` rows of `1 + frac * draft_len` tokens each."""
+        return float(self.cost_many(np.array([bs]), np.array([frac]))[0])
+
+    def cost_many(self, rows: np.ndarray, ratio: np.ndarray) -> np.ndarray:
+        """Cost of forwards over `rows` rows of `1 + ratio * draft_len` tokens each (0 rows: nothing)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        tokens = rows * (1.0 + np.ceil(np.asarray(ratio, dtype=np.float64) * self.draft_len - 1e-9))
+        return np.where(rows > 0, self.compute_bound_tokens + tokens, 0.0)
 
 
 def fit_compute_bound(one_ms: float, many_ms: float, tokens: int) -> float:

@@ -46,6 +46,7 @@ class GenRequest:
     domain: str = ""
     pool: str = ""
     context: str = ""               # the gateway's request context key, for statistics
+    mode: str = ""                  # engine mode on a multi-mode worker ("": its default)
 
 
 @dataclass

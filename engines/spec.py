@@ -14,6 +14,11 @@ as the slot's pending drafter context, which the next `draft` hands to the draft
 (`SpecDecoder(target, None, ...)`, engine "ar") `verify(slots, None, ...)` is a batched plain
 decode step, so one serving path covers AR and speculative engines.
 
+Several modes over one target: `SpecDecoder(target, None, ..., modes={"mtp": m, "dfly": d, "ar": None})`
+serves each request (`start(slot, ..., mode="dfly")`) with its own drafter, or none. One step still
+verifies every row in one target forward (rows with fewer drafts, or none, are padded; `Proposal.widths`);
+drafting is one call per (drafter, sampling mode), and each drafter only ever sees its own rows' features.
+
 Position convention (see `engines/drafters/base.py`): the slot's cache holds x_0..x_{n-1}; y0 = x_n
 is the last emitted token, not yet fed to the target.
 """
@@ -21,8 +26,8 @@ is the last emitted token, not yet fed to the target.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -30,9 +35,11 @@ from torch import Tensor
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import GenerationResult, next_token
-from engines.model import KVCache, Transformer
+from engines.model import ForwardOut, KVCache, Transformer
+from engines.modes import ModeCosts
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator
+from engines.slots import SlotState
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
 from engines.tree import verify_tree
@@ -40,39 +47,6 @@ from engines.verify import verify_greedy, verify_sample
 from specroute.contracts.stats import AcceptanceStats
 
 MAX_DRAFT = 32  # widest draft a step may verify; the cache keeps this much headroom for pads
-
-
-@dataclass
-class _Pending:
-    """Target features of committed positions the drafter has not seen yet (tensors are built only
-    when the drafter takes them: plain steps, which D-Cut may run for a long time, stay cheap)."""
-    feats: list[Tensor] = field(default_factory=list)        # each [t, F]
-    starts: list[int] = field(default_factory=list)          # first position of each chunk
-    next_tokens: list[int] = field(default_factory=list)     # committed token after each position
-
-    def append(self, feats: Tensor, start: int, next_tokens: Sequence[int]) -> None:
-        self.feats.append(feats)
-        self.starts.append(start)
-        self.next_tokens.extend(next_tokens)
-
-    def take(self) -> tuple[Tensor, Tensor, Tensor] | None:
-        if not self.feats:
-            return None
-        positions = torch.cat([torch.arange(s, s + f.shape[0]) for s, f in zip(self.starts, self.feats, strict=True)])
-        out = torch.cat(self.feats), positions, torch.tensor(self.next_tokens, dtype=torch.long)
-        self.feats, self.starts, self.next_tokens = [], [], []
-        return out
-
-
-@dataclass
-class SlotState:
-    prompt: list[int]
-    params: SamplingParams
-    generator: torch.Generator
-    prefilled: int = 0              # prompt tokens already in the cache
-    y0: int | None = None           # last emitted token (not yet fed); None while prefilling
-    pending: _Pending = field(default_factory=_Pending)
-    stats: AcceptanceStats = field(default_factory=AcceptanceStats)   # drafted = kept drafts, per step
 
 
 @dataclass
@@ -87,7 +61,8 @@ class SpecDecoder:
     """Target KV cache + per-slot state for batched speculative (or plain) decoding."""
 
     def __init__(self, target: Transformer, drafter: Drafter | None, num_slots: int, max_len: int,
-                 prefill_chunk: int = 256, sample_drafts: bool = True) -> None:
+                 prefill_chunk: int = 256, sample_drafts: bool = True,
+                 modes: Mapping[str, Drafter | None] | None = None) -> None:
         """sample_drafts (the default): when every row of a `draft` call samples (T > 0) with the same
         temperature and top-p, the drafter samples its drafts from its own distribution q at that
         temperature and top-p (kept for the ratio test and the residual) instead of drafting greedily.
@@ -98,36 +73,74 @@ class SpecDecoder:
         sampled predecessor), so q_i is exactly the distribution d_i was drawn from given everything
         before it, which is all the ratio test and the residual need. A batch whose rows sample at
         different temperatures or top-p is drafted by one drafter call per mode (greedy rows are one
-        mode), each row from q at its own settings."""
-        if drafter is not None and drafter.target is not target:
-            raise DrafterMismatch("drafter was built for a different target model")
+        mode), each row from q at its own settings.
+
+        modes: several engine modes over this target (name -> drafter, None for plain decoding; the
+        first is the default and `drafter` is ignored); None: one mode, `drafter`. Tree drafters run
+        alone (their verification is not a padded chain)."""
+        self.modes: dict[str, Drafter | None] = dict(modes) if modes else {"": drafter}
+        self.default_mode = next(iter(self.modes))
+        drafters = [d for d in self.modes.values() if d is not None]
+        for d in drafters:
+            if d.target is not target:
+                raise DrafterMismatch("drafter was built for a different target model")
+        if len(self.modes) > 1 and any(not d.supports_dcut for d in drafters):
+            raise DrafterMismatch("a tree drafter cannot share a decoder with other modes")
         self.target = target
-        self.drafter = drafter
+        self.drafter = self.modes[self.default_mode]      # the default mode's (None: plain decoding)
         self.num_slots = num_slots
         self.max_len = max_len                      # logical context: prompt + output
         self.prefill_chunk = prefill_chunk
-        headroom = MAX_DRAFT + 1 if drafter is not None else 0
+        headroom = MAX_DRAFT + 1 if drafters else 0
         self.cache = KVCache.for_model(target.config, num_slots, max_len + headroom)
-        self.capture = tuple(drafter.capture_layers) if drafter is not None else ()
-        if drafter is not None:
-            drafter.allocate(num_slots, max_len + headroom)
+        self.capture = tuple(sorted({i for d in drafters for i in d.capture_layers}))   # every mode's layers
+        for d in drafters:
+            d.allocate(num_slots, max_len + headroom)
         self.slots: dict[int, SlotState] = {}
         self.timing = Timing()
-        self._feat_dim = 0
+        # the target's forward cost model (engines/forward_cost.py; 0: not measured): a step whose rows
+        # draft different widths splits its verify by it (engines/step.py `width_groups`)
+        self.compute_bound_tokens = 0.0
+        self.costs = ModeCosts()        # what a multi-mode step's drafter choice reads (engines/modes.py)
+        self._feat_dim: dict[int, int] = {}         # id(drafter) -> its feature width
         self.sample_drafts = sample_drafts
         self._draft_gen = torch.Generator().manual_seed(0)   # batched sampled drafting
         self.last_ingest = 0            # widest row of new context the last `draft` handed the drafter
 
+    @property
+    def max_draft(self) -> int:
+        """Most drafts any mode proposes in one step (0: no mode drafts)."""
+        return max((int(d.max_draft) for d in self.modes.values() if d is not None), default=0)
+
+    def features(self, drafter: Drafter, out: ForwardOut) -> Tensor:
+        """`drafter.features` of a forward that captured `self.capture` (every mode's layers): the
+        drafter sees only its own layers, in its own order."""
+        want = tuple(drafter.capture_layers)
+        if want != self.capture:
+            out = ForwardOut(out.hidden, [out.captured[self.capture.index(i)] for i in want])
+        f = drafter.features(out)
+        self._feat_dim[id(drafter)] = int(f.shape[-1])
+        return f
+
     # --- request lifecycle -------------------------------------------------------------------
-    def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+    def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams, mode: str | None = None) -> None:
+        """Take `slot` for a request in `mode` (None: the default mode)."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
+        mode = self.default_mode if mode is None or (mode == "" and "" not in self.modes) else mode
+        if mode not in self.modes:
+            raise EngineError(f"mode {mode!r} is not served here (modes: {', '.join(self.modes)})")
         params.validate()
         check_room(len(prompt_ids), self.max_len)
         self.cache.reset(slot)
-        if self.drafter is not None:
-            self.drafter.reset(slot)
-        self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed))
+        drafter = self.modes[mode]
+        # a speculative row may draft with any mode's drafter (step by step: engines/step.py `step_modes`)
+        drafters = () if drafter is None else (drafter, *(d for d in self.modes.values()
+                                                          if d is not None and d is not drafter))
+        for d in drafters:
+            d.reset(slot)
+        self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed), mode=mode,
+                                     drafter=drafter, drafters=drafters)
 
     @torch.no_grad()
     def prefill_step(self, slot: int, max_tokens: int) -> int | None:
@@ -146,11 +159,9 @@ class SpecDecoder:
             logits = self.target.logits(out.hidden[0, -1])           # [V]
             y0 = next_token(logits, st.params, st.generator)
             st.y0 = y0
-        if self.drafter is not None:
+        if st.drafters:
             nxt = st.prompt[a + 1:b + 1] + ([y0] if y0 is not None else [])
-            f = self.drafter.features(out)[0]                          # [t, F]
-            self._feat_dim = f.shape[-1]
-            st.pending.append(f, a, nxt)
+            st.feed(self._features([st], out), 0, b - a, a, nxt)
         return y0
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> int:
@@ -161,35 +172,33 @@ class SpecDecoder:
 
     @torch.no_grad()
     def prefill_batch(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
-                      params: Sequence[SamplingParams]) -> list[int]:
+                      params: Sequence[SamplingParams], modes: Sequence[str | None] | None = None) -> list[int]:
         """Start and prefill several short prompts in ONE right-padded forward (pads continue past
         each row's end, where nothing is read before it is rewritten). Returns each row's y0."""
-        for s, p, sp in zip(slots, prompts, params, strict=True):
-            self.start(s, p, sp)
+        for s, p, sp, m in zip(slots, prompts, params, modes or [None] * len(slots), strict=True):
+            self.start(s, p, sp, m)
         T = max(len(p) for p in prompts)
         tokens = torch.zeros(len(slots), T, dtype=torch.long)
         for b, p in enumerate(prompts):
             tokens[b, :len(p)] = torch.tensor(list(p))
         positions = torch.arange(T).expand(len(slots), T)
         out = self.target(tokens, positions, self.cache, torch.tensor(list(slots)), self.capture)
-        feats = self.drafter.features(out) if self.drafter is not None else None
+        feats = self._features([self.slots[s] for s in slots], out)
         firsts = []
         for b, (s, p) in enumerate(zip(slots, prompts, strict=True)):
             st, n = self.slots[s], len(p)
             self.cache.lengths[s] = n
             st.prefilled = n
             st.y0 = next_token(self.target.logits(out.hidden[b, n - 1]), st.params, st.generator)
-            if feats is not None:
-                self._feat_dim = feats.shape[-1]
-                st.pending.append(feats[b, :n], 0, list(p[1:]) + [st.y0])
+            st.feed(feats, b, n, 0, list(p[1:]) + [st.y0])
             firsts.append(st.y0)
         return firsts
 
     def release(self, slot: int) -> None:
-        self.slots.pop(slot, None)
+        st = self.slots.pop(slot, None)
         self.cache.reset(slot)
-        if self.drafter is not None:
-            self.drafter.reset(slot)
+        for d in st.drafters if st is not None else ():
+            d.reset(slot)
 
     def stats(self, slot: int) -> AcceptanceStats:
         return self.slots[slot].stats
@@ -204,18 +213,58 @@ class SpecDecoder:
 
     # --- one speculative step ------------------------------------------------------------------
     @torch.no_grad()
-    def draft(self, slots: Sequence[int], k: int) -> Proposal | None:
-        """ONE drafter pass proposing up to k tokens after each row's y0 (one per sampling mode when the rows
-        sample differently; None without a drafter)."""
-        if self.drafter is None or k <= 0:
+    def draft(self, slots: Sequence[int], k: int, use: Sequence[str | None] | None = None) -> Proposal | None:
+        """ONE drafter pass proposing up to k tokens after each row's y0 (one per drafter and sampling
+        mode when rows differ; None when no row drafts). Rows in a mode without a drafter get width 0.
+        `use[b]`: the mode whose drafter drafts row b this step (None: its own; a speculative row may
+        use any mode's drafter, which catches up on the context it has not seen first)."""
+        if k <= 0:
             return None
         t0 = time.perf_counter()
-        k = min(k, self.drafter.max_draft, MAX_DRAFT)
         states = [self._ready(s) for s in slots]
-        taken = [st.pending.take() for st in states]
+        by_drafter: dict[int, tuple[Drafter, list[int]]] = {}
+        for b, st in enumerate(states):
+            st.last_drafter = None
+            d = st.drafter if use is None or use[b] is None else self.modes[use[b]]   # type: ignore[index]
+            if d is not None:
+                if d not in st.drafters:
+                    raise EngineError(f"row {slots[b]} ({st.mode}) cannot draft with mode {use[b]!r}")   # type: ignore[index]
+                by_drafter.setdefault(id(d), (d, []))[1].append(b)
+                st.last_drafter = d
+        if not by_drafter:
+            return None
+        self.last_ingest = 0
+        parts: list[tuple[list[int], Proposal]] = []
+        for drafter, rows in by_drafter.values():
+            t_d = time.perf_counter()
+            ctx = self._context(drafter, [slots[b] for b in rows], [states[b] for b in rows])
+            kd = min(k, drafter.max_draft, MAX_DRAFT)
+            groups: dict[tuple[float, float], list[int]] = {}
+            for r, b in enumerate(rows):   # rows by sampling mode; greedy rows (T = 0) are one mode
+                p = states[b].params
+                mode = (0.0, 1.0) if p.greedy or not self.sample_drafts else (p.temperature, p.top_p)
+                groups.setdefault(mode, []).append(r)
+            if not drafter.samples_drafts:   # proposals that ignore the temperature (a tree)
+                groups = {(0.0, 1.0): list(range(len(rows)))}
+            for (temperature, top_p), sub in groups.items():   # one call per mode: each sampled row drafts from its q
+                sub_ctx = ctx if len(sub) == len(rows) else ctx.subset(sub)
+                parts.append(([rows[r] for r in sub],
+                              self._propose(drafter, sub_ctx, kd, temperature, top_p, [states[rows[r]] for r in sub])))
+            if ctx.feats.shape[1] <= 2 * kd + 2:   # a steady pass, not a catch-up on a prompt or a backlog
+                self.costs.observe_draft(drafter, (time.perf_counter() - t_d) * 1000.0)
+        B = len(slots)
+        proposal = parts[0][1] if len(parts) == 1 and len(parts[0][0]) == B and parts[0][0] == list(range(B)) \
+            else Proposal.merge(parts, B)
+        self.timing.draft_s += time.perf_counter() - t0
+        self.timing.draft_calls += 1
+        return proposal
+
+    def _context(self, drafter: Drafter, slots: Sequence[int], states: Sequence[SlotState]) -> DraftContext:
+        """The new committed context of some rows of one drafter, right-padded into one `DraftContext`."""
+        taken = [st.pending_for(drafter).take() for st in states]
         T = max((t[0].shape[0] for t in taken if t is not None), default=0)
-        self.last_ingest = T
-        B, F = len(slots), self._feat_dim
+        self.last_ingest = max(self.last_ingest, T)
+        B, F = len(slots), self._feat_dim.get(id(drafter), 0)
         feats = torch.zeros(B, T, F)
         positions = torch.zeros(B, T, dtype=torch.long)
         valid = torch.zeros(B, T, dtype=torch.bool)
@@ -227,38 +276,30 @@ class SpecDecoder:
                 m, first = f.shape[0], int(p[-1]) + 1
                 feats[b, :m], positions[b, :m], next_tokens[b, :m], valid[b, :m] = f, p, nt, True
             positions[b, m:] = torch.arange(first, first + T - m)   # pads continue upward
-        ctx = DraftContext(
+        return DraftContext(
             slots=torch.tensor(list(slots), dtype=torch.long), feats=feats, positions=positions,
             valid=valid, next_tokens=next_tokens,
             last_token=torch.tensor([st.y0 for st in states], dtype=torch.long),
             start=torch.tensor([self.length(s) for s in slots], dtype=torch.long),
         )
-        groups: dict[tuple[float, float], list[int]] = {}
-        for b, st in enumerate(states):   # rows by sampling mode; greedy rows (T = 0) are one mode
-            mode = (0.0, 1.0) if st.params.greedy or not self.sample_drafts else \
-                (st.params.temperature, st.params.top_p)
-            groups.setdefault(mode, []).append(b)
-        if not self.drafter.samples_drafts:   # proposals that ignore the temperature (a tree)
-            groups = {(0.0, 1.0): list(range(B))}
-        if len(groups) == 1:
-            (temperature, top_p), = groups
-            proposal = self._propose(ctx, k, temperature, top_p, states)
-        else:   # one call per mode, so every sampled row drafts from its own q
-            proposal = Proposal.merge([(rows, self._propose(ctx.subset(rows), k, t, tp, [states[b] for b in rows]))
-                                       for (t, tp), rows in groups.items()], B)
-        self.timing.draft_s += time.perf_counter() - t0
-        self.timing.draft_calls += 1
-        return proposal
 
-    def _propose(self, ctx: DraftContext, k: int, temperature: float, top_p: float,
+    def _propose(self, drafter: Drafter, ctx: DraftContext, k: int, temperature: float, top_p: float,
                  states: Sequence[SlotState]) -> Proposal:
         """One drafter call for rows of one sampling mode (temperature 0: greedy drafts)."""
         gen = None
         if temperature > 0.0:
             gen = states[0].generator if len(states) == 1 else self._draft_gen
-        assert self.drafter is not None
-        self.drafter.sample_drafts = temperature > 0.0
-        return self.drafter.propose(ctx, k, temperature, top_p, gen)
+        drafter.sample_drafts = temperature > 0.0
+        return drafter.propose(ctx, k, temperature, top_p, gen)
+
+    def _features(self, states: Sequence[SlotState], out: ForwardOut) -> dict[int, Tensor]:
+        """id(drafter) -> its features [B, T, F] of a forward, for every drafter any of `states` feeds."""
+        feats: dict[int, Tensor] = {}
+        for st in states:
+            for d in st.drafters:
+                if id(d) not in feats:
+                    feats[id(d)] = self.features(d, out)
+        return feats
 
     @torch.no_grad()
     def verify(self, slots: Sequence[int], proposal: Proposal | None, keep: Sequence[int]) -> list[list[int]]:
@@ -270,10 +311,10 @@ class SpecDecoder:
         t0 = time.perf_counter()
         B = len(slots)
         states = [self._ready(s) for s in slots]
-        K = 0 if proposal is None else proposal.tokens.shape[1]
         if len(keep) != B:
             raise ValueError(f"keep has {len(keep)} entries for {B} rows")
-        kept = [max(0, min(int(keep[b]), K, MAX_DRAFT, self.room(s))) for b, s in enumerate(slots)]
+        limits = proposal.limits() if proposal is not None else [0] * B
+        kept = [max(0, min(int(keep[b]), limits[b], MAX_DRAFT, self.room(s))) for b, s in enumerate(slots)]
         for s in slots:
             if self.length(s) >= self.max_len:
                 raise ContextFull(f"slot {s}: context of {self.max_len} tokens is full")
@@ -286,8 +327,10 @@ class SpecDecoder:
         tokens[:, 1:] = drafts
         starts = torch.tensor([self.length(s) for s in slots])
         positions = starts[:, None] + torch.arange(W + 1)[None]     # [B, W+1], pads continue upward
+        t_f = time.perf_counter()
         out = self.target(tokens, positions, self.cache, torch.tensor(list(slots)), self.capture)
         logits = self.target.logits(out.hidden)                     # [B, W+1, V]
+        self.costs.observe_verify((time.perf_counter() - t_f) * 1000.0, tokens.numel(), self.compute_bound_tokens)
         keep_t = torch.tensor(kept, dtype=torch.long)
 
         num_acc = torch.zeros(B, dtype=torch.long)
@@ -306,14 +349,17 @@ class SpecDecoder:
             a, y = verify_sample(p, drafts[b:b + 1, :kb], q, keep_t[b:b + 1], st.generator)
             num_acc[b], nxt[b] = a[0], y[0]
 
-        feats = self.drafter.features(out) if self.drafter is not None else None
+        feats = self._features(states, out)
         emitted: list[list[int]] = []
         for b, (s, st) in enumerate(zip(slots, states, strict=True)):
             a, n = int(num_acc[b]), int(starts[b])
             row = drafts[b, :a].tolist() + [int(nxt[b])]
             self.cache.lengths[s] = n + a + 1                        # y0 and the accepted drafts
-            if feats is not None:
-                st.pending.append(feats[b, :a + 1], n, row)
+            st.feed(feats, b, a + 1, n, row)
+            if kept[b] > 0 and st.last_drafter is not None:   # what this drafter emits for this row
+                steps, toks = st.records.get(id(st.last_drafter), (0, 0))
+                st.records[id(st.last_drafter)] = (steps + 1, toks + a + 1)
+                self.costs.observe_row(st.last_drafter, a + 1)
             st.y0 = row[-1]
             st.stats.record_step(kept[b], a)
             emitted.append(row)

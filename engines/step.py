@@ -20,11 +20,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from engines.dcut.controller import DcutController
-from engines.dcut.selection import Selection, prefix_scores
+from engines.dcut.selection import Selection, plan_groups, prefix_scores
 from engines.drafters.base import Proposal
+from engines.forward_cost import LinearCost
+from engines.modes import step_drafters
 from engines.spec import SpecDecoder
 from specroute.contracts.context import temperature_bucket
 
@@ -74,15 +74,18 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
     t0 = time.perf_counter()
     sel: Selection | None = None
     raw = None
-    proposal = decoder.draft(slots, k) if k > 0 else None
+    use = step_drafters(decoder, slots) if k > 0 else None   # several modes: who drafts with what
+    proposal = (decoder.draft(slots, k, use) if use is not None else decoder.draft(slots, k)) if k > 0 else None
     K = int(proposal.tokens.shape[1]) if proposal is not None else 0
-    keep = [K] * B
+    keep = proposal.limits() if proposal is not None else [0] * B
     if proposal is not None and dcut is not None:
         sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced)
-        keep = list(sel.keep)
+        keep = [min(a, b) for a, b in zip(sel.keep, keep, strict=True)]
     keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
     t1 = time.perf_counter()
     groups = sel.groups if sel is not None and len(sel.groups) > 1 else [list(range(B))]
+    if sel is None and proposal is not None and proposal.widths is not None:   # rows of several modes
+        groups = width_groups(keep, K, getattr(decoder, "compute_bound_tokens", 0.0))
     out = verify_groups(decoder, slots, proposal, keep, groups)
     t2 = time.perf_counter()
     kept_fraction = sum(keep) / (B * K) if K else None
@@ -117,6 +120,17 @@ def probe_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int],
     return StepResult(out, keep, None, list(picked), probe=True)
 
 
+def width_groups(keep: Sequence[int], K: int, compute_bound_tokens: float) -> list[list[int]]:
+    """Rows whose drafts differ in width (a worker serving several modes: DFly's 15 beside MTP's 3, or
+    none) split into verify forwards by the linear cost model of the target (`engines.forward_cost`):
+    padding a narrow row to a wide one costs its extra tokens, another forward costs
+    `compute_bound_tokens`. 0 (not measured): one forward."""
+    if compute_bound_tokens <= 0.0 or K <= 0 or len(set(keep)) <= 1:
+        return [list(range(len(keep)))]
+    groups, _ = plan_groups(keep, K, LinearCost(compute_bound_tokens, K))   # type: ignore[arg-type]
+    return groups
+
+
 def buckets_of(decoder: SpecDecoder, slots: Sequence[int]) -> list[str] | None:
     """Each row's temperature bucket (the routing context's: "0", "low", "high"); None for a decoder
     without per-slot sampling state (test doubles)."""
@@ -141,9 +155,4 @@ def verify_groups(decoder: SpecDecoder, slots: list[int], proposal: Proposal | N
 
 def rows_of(proposal: Proposal | None, rows: Sequence[int]) -> Proposal | None:
     """The proposal restricted to some rows (for verifying a subset of the batch)."""
-    if proposal is None:
-        return None
-    idx = torch.tensor(list(rows), dtype=torch.long)
-    return Proposal(proposal.tokens[idx], proposal.conf[idx],
-                    proposal.probs[idx] if proposal.probs is not None else None,
-                    proposal.parents[idx] if proposal.parents is not None else None)
+    return None if proposal is None else proposal.rows(rows)

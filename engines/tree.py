@@ -35,7 +35,8 @@ from engines.sampling import logits_to_probs, sample
 
 if TYPE_CHECKING:
     from engines.drafters.base import Proposal
-    from engines.spec import SlotState, SpecDecoder
+    from engines.slots import SlotState
+    from engines.spec import SpecDecoder
 
 
 def ancestors(parents: Tensor) -> Tensor:
@@ -140,7 +141,7 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
         probs = logits_to_probs(logits[b], st.params.temperature, st.params.top_p)  # [M, V]
         last[b], nxt[b] = accept_walk(lambda i, pr=probs, g=st.generator: int(sample(pr[i], g)),
                                       tokens[b, 1:].tolist(), parents[b].tolist(), depth[b].tolist(), int(limit[b]))
-    feats = dec.drafter.features(out) if dec.drafter is not None else None
+    feats = dec.features(dec.drafter, out) if dec.drafter is not None else None
     emitted: list[list[int]] = []
     for b, (s, st) in enumerate(zip(slots, states, strict=True)):
         path = path_to(anc[b], depth[b], int(last[b]))         # root .. last, a + 1 nodes
@@ -152,7 +153,7 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
         dec.cache.lengths[s] = n + a + 1
         row = tokens[b, idx[1:]].tolist() + [int(nxt[b])]
         if feats is not None:
-            st.pending.append(feats[b, idx], n, row)
+            st.pending_for(dec.drafter).append(feats[b, idx], n, row)
         st.y0 = row[-1]
         st.stats.record_step(int((depth[b, 1:] <= limit[b]).sum()), a)
         emitted.append(row)

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a worker pool and its gRPC endpoints (repeat for several pools); a member "
                         "dns:///HOST:PORT means every address HOST resolves to, re-resolved every "
                         "$SPECROUTE_DNS_REFRESH_S seconds (Kubernetes: a headless Service)")
+    p.add_argument("--pool-mode", action="append", metavar="NAME=MODE",
+                   help="the engine mode a pool's workers run its requests in, for workers serving several "
+                        "modes over one target (`specroute worker --engine mtp,dfly,ar`); repeatable")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
     p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
                                          "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")
@@ -69,6 +72,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         overrides["api_keys_file"] = overrides.pop("api_key_file")
     if args.pool:
         overrides["pools"] = ";".join(args.pool)
+    if args.pool_mode:
+        overrides["pool_modes"] = ";".join(args.pool_mode)
     if args.admin_token:
         overrides["admin_tokens"] = args.admin_token
     if args.api_key:

@@ -65,6 +65,7 @@ class Gateway:
             info_interval_s=settings.info_interval_s,
             rng=self.rng,
             dns_refresh_s=settings.dns_refresh_s,
+            modes=settings.pool_modes,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
         self.sync = SnapshotSync(default_policy(self.pools.names), self.store, self.pools, self.metrics,

@@ -12,7 +12,8 @@ Order of precedence (first match wins):
 4. `explore`    with probability `exploration_rate`, a random other candidate (feeds the statistics);
                 while a candidate lacks `min_samples` requests of evidence in the domain, at
                 `learning.warmup_exploration` instead, to that candidate (fast learning after a reset;
-                `exploration_rate` 0 turns both off).
+                `exploration_rate` 0 turns both off). A pool that does not speculate (`ar`) has no
+                acceptance to learn per domain: its evidence is counted over every domain.
 5. `learned`    another candidate whose expected goodput beats the default pool's by
                 `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
 6. `default`    the domain's default pool.
@@ -48,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.estimate import Learning, PoolState, goodput, pool_estimate
 from router.estimate import expected_goodput as expected_goodput
-from specroute.contracts.context import RequestContext, level_keys
+from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, level_keys
 from specroute.contracts.feedback import CellStats
 
 DOMAINS: tuple[str, ...] = ("chat", "code", "math")
@@ -308,11 +309,23 @@ def decide(
         cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
         levels = level_keys(domain, ctx) if learning.contexts else (domain,)
         ests = {p: pool_estimate(stats, levels, p, learning) for p in cands}
+
+        def evidence(p: str) -> float:
+            """Requests of evidence on `p` that gate trusting it: in the domain, or over every domain for a
+            pool that does not speculate (its step rate is all there is to learn, and it is the same for
+            chat, code and math: warming it up per domain only sends slow requests there)."""
+            est, st = ests[p], pools.get(p)
+            if est is None:
+                return 0.0
+            if st is not None and not st.speculative:
+                top = stats.get((GLOBAL_LEVEL, p))
+                return max(est.n, top.n if top is not None else 0.0)
+            return est.n
         # 4. exploration keeps every candidate's statistics fresh; a candidate without `min_samples`
         # requests of evidence in this domain is explored at the (higher) warm-up rate until it has them
         # (exploration_rate 0 turns all exploration off)
         rate = policy.exploration_rate
-        unseen = [p for p in cands if p != default and (ests[p] is None or ests[p].n < learning.min_samples)]
+        unseen = [p for p in cands if p != default and evidence(p) < learning.min_samples]
         if unseen and rate > 0:
             rate = max(rate, learning.warmup_exploration)
         if len(cands) > 1 and rate > 0 and rng.random() < rate:
@@ -323,7 +336,7 @@ def decide(
         sampler = rng if learning.method == "thompson" else None
         for p in cands:
             est = ests[p]
-            if est is None or est.n < learning.min_samples:
+            if est is None or evidence(p) < learning.min_samples:
                 continue
             scores[p] = goodput(est, pools.get(p), learning, sampler)
         if scores:

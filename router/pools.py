@@ -8,6 +8,10 @@ again for another cooldown (failure). A connection-level failure on a request ma
 unhealthy immediately, so the following requests go elsewhere without waiting for the next health
 check.
 
+A worker serving several engine modes over one target (`specroute worker --engine mtp,dfly,ar`) can
+be a member of several pools, one per mode (`--pool-mode NAME=MODE`): each pool's endpoint asks for
+its mode (`GenerateRequest.mode`) and is unavailable while the worker does not offer it.
+
 A worker's `Info` (model id, engine, limits) is fetched when the endpoint is first seen, again each
 time it comes back after a failed health check (a restarted worker may serve another model or
 engine), and every `info_interval_s` in any case.
@@ -45,9 +49,10 @@ CHANNEL_OPTIONS = [
 
 class Endpoint:
     def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float,
-                 info_interval_s: float = 10.0) -> None:
+                 info_interval_s: float = 10.0, mode: str = "") -> None:
         self.pool = pool
         self.address = address
+        self.mode = mode    # engine mode asked of the worker ("": its default)
         # channels bind to the running event loop: created in `connect()` (from PoolManager.start)
         self.channel: grpc.aio.Channel | None = None
         self.stub: engine_pb2_grpc.EngineStub = None  # type: ignore[assignment]
@@ -76,6 +81,25 @@ class Endpoint:
         if self.channel is not None:
             await self.channel.close()
             self.channel = None
+
+    @property
+    def engine(self) -> str:
+        """The engine kind this endpoint's requests run with: its mode, else the worker's engine."""
+        return self.mode or (self.info.engine if self.info is not None else "")
+
+    @property
+    def block_size(self) -> int:
+        """Draft tokens per step in this endpoint's mode (from `Info`; 0 when unknown)."""
+        info = self.info
+        if info is None:
+            return 0
+        if self.mode:
+            return next((m.block_size for m in info.modes if m.engine == self.mode), 0)
+        return info.block_size
+
+    def offers_mode(self, info: engine_pb2.InfoResponse) -> bool:
+        """Whether the worker serves this endpoint's mode (any worker serves the default)."""
+        return not self.mode or self.mode in ([m.engine for m in info.modes] or [info.engine])
 
     # -- circuit breaker -------------------------------------------------------------------
     def available(self, now: float) -> bool:
@@ -144,6 +168,9 @@ class Endpoint:
                     log.info("endpoint %s/%s now serves %s (%s), was %s (%s)", self.pool, self.address,
                              info.model_id, info.engine, self.info.model_id, self.info.engine)
                 self.info, self.info_at = info, now
+            if not self.offers_mode(self.info):
+                raise RuntimeError(f"the worker does not serve mode {self.mode!r} "
+                                   f"(it serves {', '.join(m.engine for m in self.info.modes) or self.info.engine})")
             self.load = await self.stub.Load(engine_pb2.LoadRequest(), timeout=timeout)
             if not self.healthy:
                 log.info("endpoint %s/%s is healthy", self.pool, self.address)
@@ -160,6 +187,7 @@ class Endpoint:
         load = self.load
         return {
             "address": self.address,
+            "mode": self.mode,
             "healthy": self.healthy,
             "breaker": self.breaker_state,
             "consecutive_failures": self.failures,
@@ -170,6 +198,7 @@ class Endpoint:
                 "model_id": info.model_id, "engine": info.engine, "drafter": info.drafter,
                 "block_size": info.block_size, "max_context": info.max_context, "max_running": info.max_running,
                 "dcut": info.dcut, "version": info.version,
+                "modes": [m.engine for m in info.modes],
             },
             "load": None if load is None else {
                 "running": load.running, "waiting": load.waiting, "cache_usage": load.cache_usage,
@@ -192,11 +221,11 @@ def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None
             continue
         seen = True
         info, load = e.info, e.load
-        spec = spec or info is None or info.engine not in NON_SPECULATIVE_ENGINES
+        spec = spec or info is None or e.engine not in NON_SPECULATIVE_ENGINES
         if info is not None and info.compute_bound_tokens > 0:
             bound.append(info.compute_bound_tokens)
-        if load is not None and load.dcut_enabled and info is not None and info.block_size > 0:
-            kept.append(load.kept_ratio * info.block_size)
+        if load is not None and load.dcut_enabled and e.block_size > 0:
+            kept.append(load.kept_ratio * e.block_size)
     return (spec or not seen, (sum(kept) / len(kept) if kept else None),
             (sum(bound) / len(bound) if bound else None))
 
@@ -214,10 +243,13 @@ class PoolManager:
         rng: random.Random | None = None,
         resolver: Resolver | None = None,
         dns_refresh_s: float = 5.0,
+        modes: Mapping[str, str] | None = None,
     ) -> None:
+        modes = dict(modes or {})   # pool -> engine mode its endpoints ask for
+
         # `dns:///HOST:PORT` members: one endpoint per resolved address, kept current (router/discovery.py)
         def endpoint(pool: str, address: str) -> Endpoint:
-            return Endpoint(pool, address, breaker_failures, breaker_cooldown_s, info_interval_s)
+            return Endpoint(pool, address, breaker_failures, breaker_cooldown_s, info_interval_s, modes.get(pool, ""))
 
         static, self.discovery = DnsDiscovery.split(pools, endpoint, resolver, dns_refresh_s)
         self.pools: dict[str, list[Endpoint]] = {
@@ -306,7 +338,8 @@ class PoolManager:
                 i = e.info
                 if i is not None and i.model_id and i.model_id not in seen:
                     seen.add(i.model_id)
-                    out.setdefault(i.model_id, []).append({"pool": name, "engine": i.engine, "drafter": i.drafter})
+                    drafter = next((m.drafter for m in i.modes if m.engine == e.mode), i.drafter) if e.mode else i.drafter
+                    out.setdefault(i.model_id, []).append({"pool": name, "engine": e.engine, "drafter": drafter})
         return out
 
     def max_context(self, pool: str) -> int:

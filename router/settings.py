@@ -53,6 +53,28 @@ def parse_pools(value: Any) -> dict[str, list[str]]:
     return pools
 
 
+def parse_pool_modes(value: Any) -> dict[str, str]:
+    """`{"dfly": "dfly"}` or the compact `dfly=dfly;mtp=mtp` form (`,` separates too): the engine mode
+    the gateway asks of a pool's workers (`GenerateRequest.mode`), for workers that serve several
+    modes over one target (`specroute worker --engine mtp,dfly,ar`)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            value = json.loads(text)
+        else:
+            value = {}
+            for part in filter(None, (p.strip() for p in text.replace(",", ";").split(";"))):
+                name, sep, mode = part.partition("=")
+                if not sep or not name.strip() or not mode.strip():
+                    raise ValueError(f"pool mode {part!r} must look like NAME=MODE")
+                value[name.strip()] = mode.strip()
+    if not isinstance(value, dict):
+        raise ValueError("pool modes must be a mapping of pool name to engine mode")
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def token_name(token: str) -> str:
     """The name an unnamed token is known by (audit actor, logs): a short fingerprint, so two
     unnamed tokens stay apart and neither is revealed."""
@@ -103,6 +125,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     pools: Annotated[dict[str, list[str]], NoDecode] = Field(
         default_factory=dict, description="pool name -> worker gRPC endpoints"
+    )
+    pool_modes: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="pool name -> the engine mode its (multi-mode) workers run it in"
     )
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("SPECROUTE_REDIS_URL", "REDIS_URL", "redis_url")
@@ -165,6 +190,11 @@ class Settings(BaseSettings):
     def _pools(cls, v: Any) -> dict[str, list[str]]:
         return parse_pools(v)
 
+    @field_validator("pool_modes", mode="before")
+    @classmethod
+    def _pool_modes(cls, v: Any) -> dict[str, str]:
+        return parse_pool_modes(v)
+
     @field_validator("admin_tokens", "api_keys", mode="before")
     @classmethod
     def _keys(cls, v: Any) -> dict[str, str]:
@@ -186,6 +216,9 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.redis_url == "":
             self.redis_url = None
+        unknown = sorted(set(self.pool_modes) - set(self.pools))
+        if unknown and self.pools:
+            raise ValueError(f"pool modes name pools that do not exist: {', '.join(unknown)}")
         if self.admin_token_file is not None:
             self.admin_tokens = {**parse_keys(read_secret_file(self.admin_token_file, "admin token")),
                                  **self.admin_tokens}

@@ -148,6 +148,7 @@ class Dispatcher:
                 attempts += 1
                 tried.add(ep)
                 req.pool = pool
+                req.mode = ep.mode
                 call = ep.stub.Generate(req, timeout=remaining, metadata=metadata)
                 trial = ep.acquire()
                 t = time.perf_counter()

@@ -55,25 +55,43 @@ class Proposal:
                                  # (None means greedy drafting: q is one-hot at `tokens`)
     parents: Tensor | None = None  # [B, k] tree drafts (`engines/tree.py`): parent of each node
                                    # (-1: y0; parents precede children); None: a chain
+    widths: Tensor | None = None   # [B] drafts row b really has (the rest is padding: a batch whose rows
+                                   # draft with different drafters, or not at all); None: k for every row
+
+    def limits(self) -> list[int]:
+        """Drafts each row may verify at most."""
+        k = int(self.tokens.shape[1])
+        return [k] * int(self.tokens.shape[0]) if self.widths is None else [min(k, int(w)) for w in self.widths]
 
     @staticmethod
     def merge(parts: Sequence[tuple[Sequence[int], Proposal]], batch: int) -> Proposal:
         """Chain proposals for disjoint row sets -> one for `batch` rows (row r of part (rows, p) goes
-        to rows[r]). Rows drafted greedily get the one-hot q of their token when another part
-        sampled, which is what `probs=None` means for them."""
-        k = min(int(p.tokens.shape[1]) for _, p in parts)
+        to rows[r]), as wide as the widest part; narrower parts and rows in no part (nothing drafted)
+        are padded, and `widths` says how far each row's drafts go. Rows drafted greedily get the
+        one-hot q of their token when another part sampled, which is what `probs=None` means for them."""
+        k = max((int(p.tokens.shape[1]) for _, p in parts), default=0)
         tokens = torch.zeros(batch, k, dtype=torch.long)
         conf = torch.zeros(batch, k)
+        widths = torch.zeros(batch, dtype=torch.long)
         sampled = [p.probs for _, p in parts if p.probs is not None]
         probs = torch.zeros(batch, k, sampled[0].shape[-1]) if sampled else None
         for rows, p in parts:
             assert p.parents is None, "tree proposals are never split"
             idx = torch.tensor(list(rows), dtype=torch.long)
-            tokens[idx], conf[idx] = p.tokens[:, :k].long(), p.conf[:, :k].float()
+            w = int(p.tokens.shape[1])
+            tokens[idx, :w], conf[idx, :w] = p.tokens.long(), p.conf.float()
+            widths[idx] = torch.tensor(p.limits(), dtype=torch.long)
             if probs is not None:
-                probs[idx] = p.probs[:, :k].float() if p.probs is not None else \
-                    torch.nn.functional.one_hot(p.tokens[:, :k].long(), probs.shape[-1]).float()
-        return Proposal(tokens, conf, probs)
+                probs[idx, :w] = p.probs.float() if p.probs is not None else \
+                    torch.nn.functional.one_hot(p.tokens.long(), probs.shape[-1]).float()
+        return Proposal(tokens, conf, probs, widths=None if bool((widths == k).all()) else widths)
+
+    def rows(self, rows: Sequence[int]) -> Proposal:
+        """The proposal restricted to some rows, in that order."""
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        return Proposal(self.tokens[idx], self.conf[idx], self.probs[idx] if self.probs is not None else None,
+                        self.parents[idx] if self.parents is not None else None,
+                        self.widths[idx] if self.widths is not None else None)
 
 
 class Drafter(nn.Module):

@@ -20,6 +20,15 @@ from specroute.errors import UserError
 
 
 @dataclass(frozen=True)
+class ModeInfo:
+    """One engine mode a worker serves (`InfoResponse.modes`)."""
+
+    engine: str                    # ar | mtp | dflash | dfly | ...
+    drafter: str                   # "" for ar
+    block_size: int                # draft tokens per step in this mode
+
+
+@dataclass(frozen=True)
 class BackendInfo:
     model_id: str                  # model directory name (or HF id)
     engine: str                    # --engine
@@ -31,6 +40,10 @@ class BackendInfo:
     # tokens per forward at which a forward costs twice a one-token one (engines/forward_cost.py;
     # 0 = not measured): the router's load term for this pool
     compute_bound_tokens: float = 0.0
+    modes: tuple[ModeInfo, ...] = ()   # every mode served (default first); empty: just `engine`
+
+    def mode_names(self) -> list[str]:
+        return [m.engine for m in self.modes] or [self.engine]
 
 
 @dataclass(eq=False)
@@ -138,13 +151,19 @@ class LocalBackend:
                                              profile_dir=settings.dcut_profile_dir, observer=observer)
         self.tokenizer = self.engine.tokenizer
         drafter = self.engine.drafter
+        k = self.batcher.k
+        modes = tuple(ModeInfo(m, d.kind if d is not None else "", min(k, self.engine.mode_block_size(m)))
+                      for m, d in self.engine.modes.items())
         self.info = BackendInfo(
-            model_id=settings.model.resolve().name, engine=settings.engine,
+            model_id=settings.model.resolve().name, engine=self.engine.kind,
             drafter=drafter.kind if drafter is not None else "",
-            block_size=self.batcher.k, max_context=self.batcher.decoder.max_len,
+            block_size=modes[0].block_size, max_context=self.batcher.decoder.max_len,
             max_running=settings.max_running, max_waiting=settings.max_waiting,
             compute_bound_tokens=measure_compute_bound(self.engine.target),   # before serving: ~0.3 s
+            modes=modes,
         )
+        # the decoder splits a verify over rows of different widths (several modes) by this cost model
+        self.batcher.decoder.compute_bound_tokens = self.info.compute_bound_tokens
         self.batcher.start()
 
     def tokenize(self, messages: Sequence[dict] | None, prompt: str) -> list[int]:

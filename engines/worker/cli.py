@@ -40,6 +40,8 @@ FLAGS: list[tuple[str, dict]] = [
     ("--degrade-drafter-after-s", dict(type=float, help="degrade the drafter this long after start (fault drill; "
                                                         "SIGUSR1 / SIGUSR2 degrade / restore at any time)")),
     ("--degrade-drafter-noise", dict(type=float, help="noise of a degraded drafter, in weight std units (3)")),
+    ("--degrade-mode", dict(help="on a multi-mode worker, the mode whose drafter a fault degrades "
+                                 "(default: the first mode with a drafter)")),
     ("--null-token-delay-ms", dict(type=float)),
     ("--vllm-drafter", dict()),
     ("--vllm-method", dict()),

@@ -65,10 +65,12 @@ class DrafterFault:
         log.warning("drafter restored")
 
 
-def drafter_fault(backend: Any) -> DrafterFault | None:
-    """A fault for the backend's drafter, or None when it has none (ar, null, vllm)."""
+def drafter_fault(backend: Any, mode: str | None = None) -> DrafterFault | None:
+    """A fault for the backend's drafter (on a multi-mode worker: `mode`'s, default the first mode
+    with one), or None when it has none (ar, null, vllm)."""
     engine = getattr(backend, "engine", None)
-    drafter = getattr(engine, "drafter", None)
+    modes = getattr(engine, "modes", None) or {"": getattr(engine, "drafter", None)}
+    drafter = modes.get(mode) if mode is not None else next((d for d in modes.values() if d is not None), None)
     if drafter is None or getattr(backend, "batcher", None) is None:
         return None
     return DrafterFault(drafter)
@@ -76,7 +78,7 @@ def drafter_fault(backend: Any) -> DrafterFault | None:
 
 def install(settings: Any, backend: Any, loop: asyncio.AbstractEventLoop) -> DrafterFault | None:
     """SIGUSR1 / SIGUSR2 handlers and the `degrade_drafter_after_s` timer (module docstring)."""
-    fault = drafter_fault(backend)
+    fault = drafter_fault(backend, getattr(settings, "degrade_mode", None))
     noise = float(getattr(settings, "degrade_drafter_noise", 3.0))
 
     def degrade() -> None:

@@ -94,9 +94,11 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     except EngineError as exc:
         raise InvalidRequest(str(exc)) from None
     max_tokens = min(r.max_tokens or default_max_tokens, ctx - len(ids))
+    if r.mode and r.mode not in backend.info.mode_names():
+        raise InvalidRequest(f"mode {r.mode!r} is not served by this worker (modes: {', '.join(backend.info.mode_names())})")
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
-                      domain=r.domain, pool=r.pool, context=r.context)
+                      domain=r.domain, pool=r.pool, context=r.context, mode=r.mode)
 
 
 def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:
@@ -223,7 +225,7 @@ class EngineService(pb_grpc.EngineServicer):
         self.feedback.put(FeedbackRecord(
             pool=req.pool or self.settings.pool, domain=req.domain or "unknown", tokens=s.completion_tokens,
             drafted=a.drafted, accepted=a.accepted, steps=a.steps, wall_ms=s.wall_s * 1000.0,
-            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=self.backend.info.engine,
+            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=req.mode or self.backend.info.engine,
             context=req.context))
 
     def _info(self) -> pb.InfoResponse:
@@ -231,7 +233,9 @@ class EngineService(pb_grpc.EngineServicer):
         return pb.InfoResponse(model_id=i.model_id, engine=i.engine, drafter=i.drafter, block_size=i.block_size,
                                max_context=i.max_context, max_running=i.max_running,
                                max_waiting=i.max_waiting, dcut=self.backend.dcut_enabled,
-                               version=specroute.__version__, compute_bound_tokens=i.compute_bound_tokens)
+                               version=specroute.__version__, compute_bound_tokens=i.compute_bound_tokens,
+                               modes=[pb.EngineMode(engine=m.engine, drafter=m.drafter, block_size=m.block_size)
+                                      for m in i.modes])
 
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         return self._info()

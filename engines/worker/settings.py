@@ -21,7 +21,7 @@ def worker_engines() -> tuple[str, ...]:
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPECROUTE_WORKER_", extra="ignore")
 
-    engine: str = "ar"
+    engine: str = "ar"                        # one kind, or several ("mtp,dfly,ar": modes over one target)
     model: Path | None = None                 # model bundle directory (optional only for `null`)
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535)
@@ -45,6 +45,7 @@ class WorkerSettings(BaseSettings):
     # SIGUSR1 / SIGUSR2 degrade / restore at any time), by noise of this many weight standard deviations
     degrade_drafter_after_s: float | None = Field(None, ge=0)
     degrade_drafter_noise: float = Field(3.0, gt=0, le=100)
+    degrade_mode: str | None = None           # which mode's drafter a multi-mode worker degrades (default: first)
     # null engine: output tokens per request when the request does not say (0: use max_tokens)
     null_text: str = "lorem ipsum dolor sit amet "
     null_token_delay_ms: float = Field(0.0, ge=0)
@@ -60,16 +61,32 @@ class WorkerSettings(BaseSettings):
     @field_validator("engine")
     @classmethod
     def _engine(cls, v: str) -> str:
-        if v not in worker_engines():
-            raise ValueError(f"unknown engine {v!r} (expected one of {', '.join(worker_engines())})")
-        return v
+        kinds = [k.strip() for k in v.split(",")]
+        for k in kinds:
+            if k not in worker_engines():
+                raise ValueError(f"unknown engine {k!r} (expected one of {', '.join(worker_engines())}, "
+                                 "or several of ours separated by commas)")
+        if len(kinds) > 1 and any(k in EXTERNAL_ENGINES for k in kinds):
+            raise ValueError(f"{v!r}: only our own engines combine into modes over one target")
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"{v!r} names a mode twice")
+        return ",".join(kinds)
+
+    @property
+    def modes(self) -> list[str]:
+        """The engine modes this worker serves (the first is the default)."""
+        return self.engine.split(",")
 
     @model_validator(mode="after")
     def _needs_model(self) -> WorkerSettings:
         if self.engine != "null" and self.model is None:
             raise ValueError(f"--model is required for engine {self.engine!r}")
+        if len(self.modes) > 1 and self.dcut:
+            raise ValueError("--dcut runs on a single-mode worker (with several modes the router picks the mode)")
+        if self.degrade_mode is not None and self.degrade_mode not in self.modes:
+            raise ValueError(f"--degrade-mode {self.degrade_mode!r} is not one of this worker's modes")
         if not self.pool:
-            self.pool = self.engine + ("-dcut" if self.dcut else "")
+            self.pool = self.engine.replace(",", "+") + ("-dcut" if self.dcut else "")
         return self
 
     @property

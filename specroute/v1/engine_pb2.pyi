@@ -27,7 +27,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context")
+    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class GenerateRequest(_message.Message):
     DISABLE_DCUT_FIELD_NUMBER: _ClassVar[int]
     COALESCE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     prompt: str
@@ -50,7 +51,8 @@ class GenerateRequest(_message.Message):
     disable_dcut: bool
     coalesce: bool
     context: str
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ...) -> None: ...
+    mode: str
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class SpecStats(_message.Message):
     __slots__ = ("drafted_tokens", "accepted_tokens", "steps", "mean_accepted_length", "accepted_per_position")
@@ -89,7 +91,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "drafter", "block_size", "max_context", "max_running", "max_waiting", "dcut", "version", "compute_bound_tokens")
+    __slots__ = ("model_id", "engine", "drafter", "block_size", "max_context", "max_running", "max_waiting", "dcut", "version", "compute_bound_tokens", "modes")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,7 @@ class InfoResponse(_message.Message):
     DCUT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_BOUND_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODES_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     drafter: str
@@ -110,7 +113,18 @@ class InfoResponse(_message.Message):
     dcut: bool
     version: str
     compute_bound_tokens: float
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., drafter: _Optional[str] = ..., block_size: _Optional[int] = ..., max_context: _Optional[int] = ..., max_running: _Optional[int] = ..., max_waiting: _Optional[int] = ..., dcut: _Optional[bool] = ..., version: _Optional[str] = ..., compute_bound_tokens: _Optional[float] = ...) -> None: ...
+    modes: _containers.RepeatedCompositeFieldContainer[EngineMode]
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., drafter: _Optional[str] = ..., block_size: _Optional[int] = ..., max_context: _Optional[int] = ..., max_running: _Optional[int] = ..., max_waiting: _Optional[int] = ..., dcut: _Optional[bool] = ..., version: _Optional[str] = ..., compute_bound_tokens: _Optional[float] = ..., modes: _Optional[_Iterable[_Union[EngineMode, _Mapping]]] = ...) -> None: ...
+
+class EngineMode(_message.Message):
+    __slots__ = ("engine", "drafter", "block_size")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    drafter: str
+    block_size: int
+    def __init__(self, engine: _Optional[str] = ..., drafter: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

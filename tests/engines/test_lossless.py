@@ -253,3 +253,58 @@ def test_mixed_temperature_batch_samples_each_row_exactly(demo, hot, kind):
                 assert_lossless(target, ids, outs[s][:2], greedy[:2], label=f"{kind} greedy row {s} of a mixed batch")
             dec.release(s)
     _assert_follows(counts, n, cells, enumerated, f"{kind} (mixed batch)")
+
+
+# --- several modes over one target (a multi-mode worker) -------------------------------------------
+
+def _modes(demo: Demo) -> dict[str, object]:
+    return {"mtp": demo.drafter("mtp"), "dfly": demo.drafter("dfly", 16), "ar": None}
+
+
+def test_multi_mode_batch_equals_greedy_decoding(demo, prompts):
+    """MTP, DFly (block 16) and plain rows in one batch through `decode_step`, the verify split by a
+    CPU-like cost model (15 tokens): every row equals plain greedy decoding."""
+    from engines.step import decode_step
+
+    target = demo.target
+    dec = SpecDecoder(target, None, 6, target.config.max_position_embeddings, modes=_modes(demo))
+    dec.compute_bound_tokens = 15.0
+    batch = prompts[:6]
+    modes = ["mtp", "dfly", "ar", "dfly", "ar", "mtp"]   # every domain in every mode across the pool order
+    outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]]
+            for s, (p, m) in enumerate(zip(batch, modes, strict=True))}
+    live = list(range(6))
+    while live:
+        res = decode_step(dec, live, [N_TOKENS - len(outs[s]) for s in live], 15, None, [False] * len(live),
+                          [(0, 0)] * len(live))
+        for s, row in zip(live, res.out, strict=True):
+            outs[s] += row
+        live = [s for s in live if len(outs[s]) < N_TOKENS]
+    for s, (ids, mode) in enumerate(zip(batch, modes, strict=True)):
+        assert_lossless(target, ids, outs[s][:N_TOKENS], demo.greedy(ids, N_TOKENS), label=f"{mode} row {s}")
+    assert dec.stats(1).mean_accepted_length > 1.3 and dec.stats(2).drafted == 0
+
+
+def test_multi_mode_sampled_rows_follow_the_target_distribution(demo, hot):
+    """T=1 rows drafted by MTP, by DFly and by nobody, in one batch: every row follows the target's
+    exact two-token distribution (600 draws pooled, 200 per mode)."""
+    target = demo.target
+    ids, cells, enumerated = hot
+    slots, k = 60, 2
+    dec = SpecDecoder(target, None, slots, len(ids) + 64, modes=_modes(demo))
+    modes = [("mtp", "dfly", "ar")[s % 3] for s in range(slots)]
+    counts: dict[tuple[int, int], int] = {}
+    for base in range(0, 600, slots):
+        firsts = dec.prefill_batch(list(range(slots)), [ids] * slots,
+                                   [SamplingParams(TEMPERATURE, TOP_P, seed=base + s) for s in range(slots)], modes)
+        outs = {s: [y] for s, y in enumerate(firsts)}
+        live = list(range(slots))
+        while live:
+            rows = dec.verify(live, dec.draft(live, k), [k] * len(live))
+            for s, r in zip(live, rows, strict=True):
+                outs[s] += r
+            live = [s for s in live if len(outs[s]) < 2]
+        for s in range(slots):
+            counts[(outs[s][0], outs[s][1])] = counts.get((outs[s][0], outs[s][1]), 0) + 1
+            dec.release(s)
+    _assert_follows(counts, 600, cells, enumerated, "mtp + dfly + ar rows (one batch)")

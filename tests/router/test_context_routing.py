@@ -72,6 +72,49 @@ def test_pool_speculation_from_info_and_load() -> None:
     assert speculation([_endpoint("vllm"), _endpoint("mtp", bound=20.0)], now)[2] == pytest.approx(20.0)
 
 
+def _multi(mode: str) -> Endpoint:
+    """A member of a pool running `mode` on a worker that serves mtp, dfly and ar over one target."""
+    e = Endpoint("p", "127.0.0.1:1", 3, 1.0, mode=mode)
+    e.healthy = True
+    e.info = engine_pb2.InfoResponse(engine="mtp", block_size=3, modes=[
+        engine_pb2.EngineMode(engine="mtp", drafter="mtp", block_size=3),
+        engine_pb2.EngineMode(engine="dfly", drafter="dfly", block_size=15),
+        engine_pb2.EngineMode(engine="ar", block_size=0)])
+    e.load = engine_pb2.LoadResponse(dcut_enabled=True, kept_ratio=0.5)
+    return e
+
+
+def test_a_multi_mode_workers_pools_speak_for_their_mode() -> None:
+    now = time.monotonic()
+    ar, dfly, default = _multi("ar"), _multi("dfly"), _multi("")
+    assert (ar.engine, dfly.engine, default.engine) == ("ar", "dfly", "mtp")
+    assert (ar.block_size, dfly.block_size, default.block_size) == (0, 15, 3)
+    assert speculation([ar, ar], now)[0] is False                   # the `ar` mode never drafts
+    assert speculation([dfly], now)[:2] == (True, pytest.approx(7.5))
+    assert all(e.offers_mode(e.info) for e in (ar, dfly, default))   # type: ignore[arg-type]
+    assert not _multi("eagle3").offers_mode(ar.info)                 # type: ignore[arg-type]
+    # a single-mode worker (no `modes`, e.g. an older one) serves only its own engine
+    single = engine_pb2.InfoResponse(engine="dfly")
+    assert Endpoint("p", "a:1", 3, 1.0, mode="dfly").offers_mode(single)
+    assert not Endpoint("p", "a:1", 3, 1.0, mode="ar").offers_mode(single)
+
+
+def test_pool_modes_setting() -> None:
+    from router.settings import Settings, parse_pool_modes
+
+    assert parse_pool_modes("mtp=mtp; dfly=dfly,ar=ar") == {"mtp": "mtp", "dfly": "dfly", "ar": "ar"}
+    assert parse_pool_modes('{"x": "dfly"}') == {"x": "dfly"}
+    with pytest.raises(ValueError, match="NAME=MODE"):
+        parse_pool_modes("mtp")
+    s = Settings(pools="a=127.0.0.1:1;b=127.0.0.1:1", pool_modes="a=mtp;b=ar")
+    assert s.pool_modes == {"a": "mtp", "b": "ar"}
+    with pytest.raises(ValueError, match="do not exist: c"):
+        Settings(pools="a=127.0.0.1:1", pool_modes="c=mtp")
+    # the mode goes on the wire with every request to the pool
+    req = engine_pb2.GenerateRequest(mode="dfly")
+    assert engine_pb2.GenerateRequest.FromString(req.SerializeToString()).mode == "dfly"
+
+
 HOT_CODE = "write python code that sorts a list"
 
 

@@ -281,3 +281,20 @@ def test_new_learning_knobs_stay_out_of_the_document_at_their_defaults() -> None
     assert Policy.model_validate(doc) == pol()
     tuned = pol(learning={"backoff_weight": 3.0, "contexts": False}).model_dump(mode="json")["learning"]
     assert tuned["backoff_weight"] == 3.0 and tuned["contexts"] is False and "compute_bound_tokens" not in tuned
+
+
+def test_a_plain_pool_is_trusted_on_evidence_from_every_domain() -> None:
+    # `ar` has served chat only; for code its step rate is the same thing, so it is neither warm-up
+    # explored there nor left out of the scores, while a drafting pool still needs code evidence
+    stats = {("code", "dfly"): cell(100, 0.7, step_ms=12.0), ("code", "mtp"): cell(100, 0.3, step_ms=11.0),
+             ("chat", "ar"): ar_cell(20), (GLOBAL_LEVEL, "ar"): ar_cell(20)}
+    warm = pol(exploration_rate=0.05, learning={"warmup_exploration": 1.0})
+    reasons = [decide(CODE, 0.1, stats, idle(), warm, random.Random(i), T0).reason for i in range(200)]
+    assert 0 < reasons.count("explore") < 30   # the steady 5%, not the warm-up's 100%
+    d = decide(CODE, 0.1, stats, idle(), pol(), random.Random(0), T0)
+    assert "ar" in d.scores and d.pool == "dfly"
+    # a drafting pool with evidence in chat only is still warmed up in code
+    stats = {**stats, ("chat", "mtp"): cell(20, 0.3), (GLOBAL_LEVEL, "mtp"): cell(20, 0.3)}
+    del stats[("code", "mtp")]
+    d = decide(CODE, 0.1, stats, idle(), warm, random.Random(0), T0)
+    assert (d.pool, d.reason) == ("mtp", "explore")

@@ -82,3 +82,12 @@ def test_install_triggers_after_the_configured_delay():
     calls[0]()   # what the model thread would run
     assert fault.degraded
     assert drafter_fault(SimpleNamespace(engine=SimpleNamespace(drafter=None), batcher=None)) is None
+
+
+def test_a_multi_mode_worker_degrades_the_chosen_modes_drafter():
+    mtp, dfly = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    backend = SimpleNamespace(engine=SimpleNamespace(drafter=mtp, modes={"ar": None, "mtp": mtp, "dfly": dfly}),
+                              batcher=SimpleNamespace(call_soon=lambda fn: fn()))
+    assert drafter_fault(backend, "dfly").drafter is dfly
+    assert drafter_fault(backend).drafter is mtp          # default: the first mode with a drafter
+    assert drafter_fault(backend, "ar") is None

@@ -1,0 +1,139 @@
+"""A multi-mode worker's step: which drafter drafts each row.
+
+The router picks each request's mode (`mtp`, `dfly`, `ar`, ...) from what it learned; a worker serving
+several modes over one target (`SpecDecoder(..., modes=...)`) runs them in one batch. There a wide
+drafter is dear in a busy step: a DFly row's 16-token verify beside three MTP rows' 4 makes everyone's
+forward dearer, and its drafter pass is one more call. So, step by step, a row whose mode drafts wider
+than the narrowest speculative mode may draft with that narrower mode's drafter instead, when that
+raises the step's expected tokens per millisecond under the measured cost model:
+
+    step_ms = sum over the drafters used of their pass time + unit_ms * (C + tokens) / (C + 1)
+    U       = sum over rows of the tokens the row's drafter is expected to emit / step_ms
+
+C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a one-token forward,
+`tokens` the verified tokens (1 + drafts per row). Pass times per drafter, `unit_ms` and each row's
+expected tokens per drafter (its own record shrunk toward the drafter's running mean) are measured
+online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are
+not its typical ones). A row running alone keeps its mode's drafter: there is no one else's forward to
+make dearer, and the router chose that mode for it from what the mode did for requests like it. Rows
+never move to a wider drafter than their mode's, and rows in a plain (`ar`) mode never draft. Lossless either way: the
+drafter only changes what is proposed, and the one that sat out catches up on the context it has not
+seen at its next pass.
+
+`choose` is the pure decision; `step_drafters` reads the decoder's state for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+EMA = 0.05              # weight of a new observation in the running means
+ROW_PRIOR = 4.0         # pseudo-steps of the drafter's mean in a row's estimate
+PLAIN = -1              # the key of "no drafter" (a plain row)
+MARGIN = 0.1            # a move to a narrower drafter must raise the step's tokens per ms by 10%
+
+
+@dataclass(frozen=True)
+class Option:
+    key: int            # id() of the drafter (PLAIN: none)
+    width: int          # drafts it verifies per step
+    tokens: float       # tokens a step is expected to emit for the row with it
+
+
+def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: float, bound: float) -> float:
+    tokens = sum(1 + o.width for o in choice)
+    return sum(draft_ms.get(k, 0.0) for k in {o.key for o in choice} if k != PLAIN) + \
+        unit_ms * (bound + tokens) / (bound + 1.0)
+
+
+def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], unit_ms: float,
+           bound: float) -> list[int]:
+    """Per row, the index of its option (0: its own mode's drafter; the last: the narrowest) that
+    maximises U (module docstring). Greedy from every row on its own: the rows that can narrow, widest
+    first, narrow one by one while U grows by `MARGIN`; narrowing all of them at once (which also
+    saves the wide drafter's pass) is tried as well."""
+    def u(ch: Sequence[int]) -> float:
+        picked = [options[i][c] for i, c in enumerate(ch)]
+        return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
+
+    choice = [0] * len(options)
+    movable = sorted((i for i, o in enumerate(options) if len(o) > 1),
+                     key=lambda i: options[i][-1].width - options[i][0].width)
+    if not movable or len(options) < 2:
+        return choice
+    best = u(choice)
+    for i in movable:
+        trial = [*choice[:i], len(options[i]) - 1, *choice[i + 1:]]
+        v = u(trial)
+        if v > best * (1.0 + MARGIN):
+            choice, best = trial, v
+    every = [len(o) - 1 if len(o) > 1 else 0 for o in options]
+    return every if u(every) > best * (1.0 + MARGIN) else choice
+
+
+@dataclass
+class ModeCosts:
+    """What `choose` needs, measured by the decoder as it runs (owned by its model thread)."""
+
+    draft_ms: dict[int, float] = field(default_factory=dict)     # id(drafter) -> one pass (EMA)
+    unit_ms: float = 0.0                                        # one-token forward (EMA; 0: none yet)
+    mean_tokens: dict[int, float] = field(default_factory=dict)  # id(drafter) -> tokens per drafted row-step
+    warm: set[int] = field(default_factory=set)                 # drafters whose first pass has been seen
+
+    def observe_draft(self, drafter: Any, ms: float) -> None:
+        """One steady pass of `drafter` took `ms` (its first pass, which builds lookup tables, is not counted:
+        a cold start would keep a drafter that then never drafts looking dear for good)."""
+        k = id(drafter)
+        if k not in self.warm:
+            self.warm.add(k)
+            return
+        self.draft_ms[k] = ms if k not in self.draft_ms else (1 - EMA) * self.draft_ms[k] + EMA * ms
+
+    def observe_verify(self, ms: float, tokens: int, bound: float) -> None:
+        """One verify forward of `tokens` tokens took `ms`: the one-token forward it implies."""
+        if bound <= 0 or tokens <= 0:
+            return
+        unit = ms * (bound + 1.0) / (bound + tokens)
+        self.unit_ms = unit if self.unit_ms <= 0 else (1 - EMA) * self.unit_ms + EMA * unit
+
+    def observe_row(self, drafter: Any, tokens: int) -> None:
+        k = id(drafter)
+        self.mean_tokens[k] = tokens if k not in self.mean_tokens else (1 - EMA) * self.mean_tokens[k] + EMA * tokens
+
+    def expected(self, record: tuple[int, int] | None, drafter: Any) -> float:
+        """Tokens a step with `drafter` should emit for a row whose record with it is (steps, tokens)."""
+        prior = self.mean_tokens.get(id(drafter), 1.0 + 0.3 * float(drafter.max_draft))
+        steps, tokens = record or (0, 0)
+        return (tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR)
+
+
+def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None:
+    """For a decoder serving several modes: per row the mode whose drafter drafts it this step (None:
+    its own), or None for the whole step when nothing moves (one mode, nothing measured yet)."""
+    modes = getattr(decoder, "modes", None)
+    bound = float(getattr(decoder, "compute_bound_tokens", 0.0))
+    costs: ModeCosts | None = getattr(decoder, "costs", None)
+    if not modes or len(modes) < 2 or bound <= 0 or costs is None or costs.unit_ms <= 0:
+        return None
+    spec = sorted(((m, d) for m, d in modes.items() if d is not None), key=lambda md: int(md[1].max_draft))
+    if len(spec) < 2:
+        return None
+    narrow_mode, narrow = spec[0]
+    options: list[list[Option]] = []
+    for s in slots:
+        st = decoder.slots[s]
+        d = st.drafter
+        if d is None:
+            options.append([Option(PLAIN, 0, 1.0)])
+            continue
+        own = Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d))
+        if int(d.max_draft) > int(narrow.max_draft):
+            options.append([own, Option(id(narrow), int(narrow.max_draft), costs.expected(st.records.get(id(narrow)), narrow))])
+        else:
+            options.append([own])
+    picked = choose(options, costs.draft_ms, costs.unit_ms, bound)
+    if not any(picked):
+        return None
+    return [narrow_mode if c else None for c in picked]

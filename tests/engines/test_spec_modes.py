@@ -1,0 +1,169 @@
+"""Several engine modes over one target (`SpecDecoder(..., modes=...)`, `specroute worker --engine
+mtp,dfly,ar`): rows of different drafters, and rows that do not draft, share one decode step and stay
+token-identical to plain greedy decoding; the step splits a ragged verify by the target's cost model;
+a mode the decoder does not serve is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from engines.drafters.base import Proposal
+from engines.errors import DrafterMismatch, EngineError
+from engines.forward_cost import LinearCost
+from engines.generate import ar_generate
+from engines.model import ForwardOut, Transformer
+from engines.sampling import SamplingParams
+from engines.spec import SpecDecoder
+from engines.step import decode_step, width_groups
+from tests.engines.test_spec import CharTok, OracleDrafter, make_target, prompts
+from tests.lossless import assert_lossless
+
+
+class LowLayerOracle(OracleDrafter):
+    """An oracle that reads another set of target layers (layer 0 only, twice), so the decoder's
+    capture is the union of its modes' layers and each drafter gets a view of its own."""
+
+    @property
+    def capture_layers(self):
+        return (0,)
+
+    def features(self, out: ForwardOut) -> Tensor:
+        assert len(out.captured) == 1
+        return torch.cat([out.captured[0], out.captured[0]], dim=-1)
+
+
+def multi_decoder(target: Transformer, slots: int, max_len: int = 160) -> SpecDecoder:
+    wide = OracleDrafter(target, corrupt=0.2, seed=1, k_max=8)
+    narrow = LowLayerOracle(target, corrupt=0.3, seed=2, k_max=3)
+    dec = SpecDecoder(target, None, slots, max_len, modes={"wide": wide, "narrow": narrow, "ar": None})
+    wide.cache = narrow.cache = dec.cache
+    return dec
+
+
+@pytest.mark.parametrize("compute_bound", [0.0, 2.0, 1e6])
+def test_rows_of_three_modes_in_one_batch_equal_greedy_decoding(compute_bound):
+    """Nine requests, three per mode, decoded together through `decode_step` (one verify forward, or
+    several when the cost model says padding a narrow row costs more than another forward)."""
+    target = make_target()
+    dec = multi_decoder(target, 9)
+    dec.compute_bound_tokens = compute_bound
+    assert dec.capture == (0, 1) and dec.max_draft == 8 and dec.default_mode == "wide"
+    ps = prompts(9, seed=4)
+    modes = ["wide", "narrow", "ar"] * 3
+    n = 30
+    outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]]
+            for s, (p, m) in enumerate(zip(ps, modes, strict=True))}
+    live = list(range(9))
+    while live:
+        res = decode_step(dec, live, [n - len(outs[s]) for s in live], 8, None, [False] * len(live),
+                          [(0, 0)] * len(live))
+        for s, kept, row in zip(live, res.keep, res.out, strict=True):
+            assert kept <= {"wide": 8, "narrow": 3, "ar": 0}[modes[s]]
+            outs[s] += row
+        live = [s for s in live if len(outs[s]) < n]
+    for s, p in enumerate(ps):
+        ref = ar_generate(target, CharTok(), p, SamplingParams(), max_tokens=n, max_len=160)
+        assert_lossless(target, p, outs[s][:n], ref.token_ids, label=f"{modes[s]} row {s}")
+        st = dec.stats(s)
+        assert (st.drafted == 0) == (modes[s] == "ar")
+        dec.release(s)
+
+
+def test_default_mode_and_an_unknown_mode():
+    target = make_target()
+    dec = multi_decoder(target, 2)
+    dec.start(0, [5, 6, 7], SamplingParams())
+    assert dec.slots[0].mode == "wide"
+    dec.start(1, [5, 6, 7], SamplingParams(), "ar")
+    assert dec.slots[1].drafter is None
+    with pytest.raises(EngineError, match="mode 'dflash' is not served here"):
+        dec.start(1, [5, 6, 7], SamplingParams(), "dflash")
+
+
+def test_a_tree_drafter_does_not_share_a_decoder():
+    target = make_target()
+    tree = OracleDrafter(target)
+    tree.supports_dcut = False   # the trait a tree drafter declares
+    with pytest.raises(DrafterMismatch, match="tree drafter"):
+        SpecDecoder(target, None, 1, 64, modes={"tree": tree, "ar": None})
+
+
+def test_merge_pads_narrow_parts_and_rows_that_did_not_draft():
+    wide = Proposal(torch.tensor([[1, 2, 3, 4]]), torch.full((1, 4), 0.5))
+    narrow = Proposal(torch.tensor([[7, 8], [9, 9]]), torch.full((2, 2), 0.9))
+    m = Proposal.merge([([2], wide), ([0, 3], narrow)], 4)   # row 1 drafted nothing
+    assert m.tokens.tolist() == [[7, 8, 0, 0], [0, 0, 0, 0], [1, 2, 3, 4], [9, 9, 0, 0]]
+    assert m.limits() == [2, 0, 4, 2]
+    sub = m.rows([3, 2])
+    assert sub.limits() == [2, 4] and sub.tokens[1].tolist() == [1, 2, 3, 4]
+    assert Proposal.merge([([0], wide), ([1], wide)], 2).widths is None   # every row full width
+
+
+def test_width_groups_split_only_when_padding_costs_more_than_a_forward():
+    keep = [15, 3, 3, 3, 0]
+    assert width_groups(keep, 15, 0.0) == [[0, 1, 2, 3, 4]]          # no cost model: one forward
+    assert width_groups(keep, 15, 1e6) == [[0, 1, 2, 3, 4]]          # forwards dear: pad
+    groups = width_groups(keep, 15, 2.0)                            # forwards cheap: split
+    assert sorted(sorted(g) for g in groups)[0] == [0] and sum(len(g) for g in groups) == 5
+    cost = LinearCost(10.0, 15)
+    assert cost.cost_many([[2, 0]], [[1.0, 0.5]]).tolist() == [[10.0 + 2 * 16, 0.0]]
+
+
+def test_rows_switching_drafters_step_by_step_stay_exact():
+    """A wide-mode row drafted by the narrow mode's drafter in some steps and by its own in others
+    (`draft(..., use=...)`): each drafter catches up on the context it missed (the oracles assert
+    contiguous positions), and the output is plain greedy decoding's."""
+    import random
+
+    target = make_target()
+    dec = multi_decoder(target, 4)
+    ps = prompts(4, seed=7)
+    modes = ["wide", "wide", "narrow", "ar"]
+    n, g = 40, random.Random(3)
+    outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]] for s, (p, m) in enumerate(zip(ps, modes, strict=True))}
+    live = list(range(4))
+    while live:
+        use = [("narrow" if g.random() < 0.5 else None) if modes[s] == "wide" else None for s in live]
+        rows = dec.verify(live, dec.draft(live, 8, use), [8] * len(live))
+        for s, row in zip(live, rows, strict=True):
+            outs[s] += row
+        live = [s for s in live if len(outs[s]) < n]
+    for s, p in enumerate(ps):
+        ref = ar_generate(target, CharTok(), p, SamplingParams(), max_tokens=n, max_len=160)
+        assert_lossless(target, p, outs[s][:n], ref.token_ids, label=f"{modes[s]} row {s}")
+    wide, narrow = dec.modes["wide"], dec.modes["narrow"]
+    assert set(dec.slots[0].records) == {id(wide), id(narrow)}     # both drafted for it, each counted
+    with pytest.raises(EngineError, match="cannot draft"):
+        dec.draft([3], 8, ["wide"])                                  # a plain row never drafts
+
+
+def test_choose_narrows_wide_rows_only_in_a_busy_step():
+    from engines.modes import Option, choose
+
+    wide = [Option(1, 15, 5.0), Option(2, 3, 3.2)]
+    narrow = [Option(2, 3, 3.2)]
+    plain = [Option(-1, 0, 1.0)]
+    draft_ms, unit, bound = {1: 9.0, 2: 5.0}, 12.0, 27.0
+    assert choose([wide], draft_ms, unit, bound) == [0]                       # alone: its own mode
+    assert choose([wide, narrow, narrow, narrow], draft_ms, unit, bound) == [1, 0, 0, 0]
+    assert choose([wide, wide, plain], draft_ms, unit, bound) == [1, 1, 0]
+    # a wide drafter that pays for itself stays, even in a batch
+    assert choose([[Option(1, 15, 12.0), Option(2, 3, 3.2)], narrow], draft_ms, unit, bound) == [0, 0]
+
+
+def test_mode_costs_ignore_a_drafters_cold_first_pass():
+    from engines.modes import ModeCosts
+
+    d = torch.nn.Linear(1, 1)
+    d.max_draft = 15   # type: ignore[attr-defined]
+    c = ModeCosts()
+    c.observe_draft(d, 60.0)            # builds its tables: not its cost
+    c.observe_draft(d, 9.0)
+    assert c.draft_ms[id(d)] == 9.0
+    c.observe_verify(20.0, 16, 27.0)
+    assert c.unit_ms == pytest.approx(20.0 * 28 / 43)
+    assert c.expected(None, d) == pytest.approx(1 + 0.3 * 15)   # nothing seen: the width's prior
+    c.observe_row(d, 8)
+    assert c.expected((4, 8), d) == pytest.approx((8 + 4 * 8) / 8)
