@@ -17,7 +17,8 @@ decode step, so one serving path covers AR and speculative engines.
 Several modes over one target: `SpecDecoder(target, None, ..., modes={"mtp": m, "dfly": d, "ar": None})`
 serves each request (`start(slot, ..., mode="dfly")`) with its own drafter, or none. One step still
 verifies every row in one target forward (rows with fewer drafts, or none, are padded; `Proposal.widths`);
-drafting is one call per (drafter, sampling mode), and each drafter only ever sees its own rows' features.
+drafting is one call per (drafter, sampling mode). A row in a wide mode also feeds the narrowest mode's
+drafter, so that a busy step may draft it narrow (`draft(..., use=...)`, decided by engines/modes.py).
 
 Position convention (see `engines/drafters/base.py`): the slot's cache holds x_0..x_{n-1}; y0 = x_n
 is the last emitted token, not yet fed to the target.
@@ -134,9 +135,10 @@ class SpecDecoder:
         check_room(len(prompt_ids), self.max_len)
         self.cache.reset(slot)
         drafter = self.modes[mode]
-        # a speculative row may draft with any mode's drafter (step by step: engines/step.py `step_modes`)
-        drafters = () if drafter is None else (drafter, *(d for d in self.modes.values()
-                                                          if d is not None and d is not drafter))
+        # a row in a wide mode may draft with the narrowest mode's drafter in a busy step (engines/modes.py)
+        narrow = min((d for d in self.modes.values() if d is not None), key=lambda d: d.max_draft, default=None)
+        drafters = () if drafter is None else \
+            (drafter, narrow) if narrow is not None and narrow.max_draft < drafter.max_draft else (drafter,)
         for d in drafters:
             d.reset(slot)
         self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed), mode=mode,
