@@ -3,22 +3,23 @@
 The router picks each request's mode (`mtp`, `dfly`, `ar`, ...) from what it learned; a worker serving
 several modes over one target (`SpecDecoder(..., modes=...)`) runs them in one batch. There a wide
 drafter is dear in a busy step: a DFly row's 16-token verify beside three MTP rows' 4 makes everyone's
-forward dearer, and its drafter pass is one more call. So, step by step, a row whose mode drafts wider
-than the narrowest speculative mode may draft with that narrower mode's drafter instead, when that
-raises the step's expected tokens per millisecond under the measured cost model:
+forward dearer, and its drafter pass is one more call; and on a CPU a busy batch at T=1 may do better
+not drafting at all (D-Cut's finding for single-mode workers). So, step by step, a speculative row may
+draft with the narrowest speculative mode's drafter instead of its own, or take a plain step, when
+that raises the step's expected tokens per millisecond under the measured cost model:
 
     step_ms = sum over the drafters used of their pass time + unit_ms * (C + tokens) / (C + 1)
-    U       = sum over rows of the tokens the row's drafter is expected to emit / step_ms
+    U       = sum over rows of the tokens the row is expected to emit / step_ms
 
 C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a one-token forward,
-`tokens` the verified tokens (1 + drafts per row). Pass times per drafter, `unit_ms` and each row's
-expected tokens per drafter (its own record shrunk toward the drafter's running mean) are measured
-online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are
-not its typical ones). A row running alone keeps its mode's drafter: there is no one else's forward to
-make dearer, and the router chose that mode for it from what the mode did for requests like it. Rows
-never move to a wider drafter than their mode's, and rows in a plain (`ar`) mode never draft. Lossless either way: the
-drafter only changes what is proposed, and the one that sat out catches up on the context it has not
-seen at its next pass.
+`tokens` the verified tokens (1 + drafts per row; a plain row emits 1). Pass times per drafter,
+`unit_ms` and each row's expected tokens per drafter (its own record shrunk toward the drafter's
+running mean) are measured online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy,
+and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter: there
+is no one else's forward to make dearer, and the router chose that mode for it from what the mode did
+for requests like it. Rows never move to a wider drafter than their mode's, and rows in a plain (`ar`)
+mode never draft. Lossless either way: the drafter only changes what is proposed, and a drafter that
+sat out catches up on the context it has not seen at its next pass.
 
 `choose` is the pure decision; `step_drafters` reads the decoder's state for it.
 """
@@ -33,6 +34,7 @@ EMA = 0.05              # weight of a new observation in the running means
 ROW_PRIOR = 4.0         # pseudo-steps of the drafter's mean in a row's estimate
 PLAIN = -1              # the key of "no drafter" (a plain row)
 MARGIN = 0.1            # a move to a narrower drafter must raise the step's tokens per ms by 10%
+PLAIN_STEP = "-"        # `SpecDecoder.draft(use=...)`: the row takes a plain step (drafts nothing)
 
 
 @dataclass(frozen=True)
@@ -50,27 +52,33 @@ def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: fl
 
 def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], unit_ms: float,
            bound: float) -> list[int]:
-    """Per row, the index of its option (0: its own mode's drafter; the last: the narrowest) that
-    maximises U (module docstring). Greedy from every row on its own: the rows that can narrow, widest
-    first, narrow one by one while U grows by `MARGIN`; narrowing all of them at once (which also
-    saves the wide drafter's pass) is tried as well."""
+    """Per row, the index of its option (0: its own mode's drafter, then narrower drafters, then
+    PLAIN: no drafting this step) that maximises U (module docstring). Greedy from every row on its
+    own: the rows with alternatives, widest first, each take the alternative that raises U most if it
+    does so by `MARGIN`; moving every such row at once to the same kind of alternative (all to the
+    narrowest drafter, all plain: which also saves a drafter's pass) is tried as well. A row alone keeps
+    its own."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
         return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
 
     choice = [0] * len(options)
-    movable = sorted((i for i, o in enumerate(options) if len(o) > 1),
-                     key=lambda i: options[i][-1].width - options[i][0].width)
+    movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
     if not movable or len(options) < 2:
         return choice
     best = u(choice)
     for i in movable:
-        trial = [*choice[:i], len(options[i]) - 1, *choice[i + 1:]]
-        v = u(trial)
+        trials = [[*choice[:i], j, *choice[i + 1:]] for j in range(1, len(options[i]))]
+        v, trial = max(((u(t), t) for t in trials), key=lambda x: x[0])
         if v > best * (1.0 + MARGIN):
             choice, best = trial, v
-    every = [len(o) - 1 if len(o) > 1 else 0 for o in options]
-    return every if u(every) > best * (1.0 + MARGIN) else choice
+    for key in dict.fromkeys(o.key for i in movable for o in options[i][1:]):
+        every = [next((j for j, o in enumerate(options[i]) if o.key == key), c) if i in movable else c
+                 for i, c in enumerate(choice)]
+        v = u(every)
+        if v > best * (1.0 + MARGIN):
+            choice, best = every, v
+    return choice
 
 
 @dataclass
@@ -121,19 +129,23 @@ def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None
     if len(spec) < 2:
         return None
     narrow_mode, narrow = spec[0]
+    plain = Option(PLAIN, 0, 1.0)
     options: list[list[Option]] = []
     for s in slots:
         st = decoder.slots[s]
         d = st.drafter
         if d is None:
-            options.append([Option(PLAIN, 0, 1.0)])
+            options.append([plain])
             continue
-        own = Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d))
+        row = [Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d))]
         if int(d.max_draft) > int(narrow.max_draft):
-            options.append([own, Option(id(narrow), int(narrow.max_draft), costs.expected(st.records.get(id(narrow)), narrow))])
-        else:
-            options.append([own])
+            row.append(Option(id(narrow), int(narrow.max_draft), costs.expected(st.records.get(id(narrow)), narrow)))
+        options.append([*row, plain])
     picked = choose(options, costs.draft_ms, costs.unit_ms, bound)
     if not any(picked):
         return None
-    return [narrow_mode if c else None for c in picked]
+    out: list[str | None] = []
+    for o, c in zip(options, picked, strict=True):
+        key = o[c].key
+        out.append(None if c == 0 else PLAIN_STEP if key == PLAIN else narrow_mode)
+    return out

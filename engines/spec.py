@@ -37,7 +37,7 @@ from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import GenerationResult, next_token
 from engines.model import ForwardOut, KVCache, Transformer
-from engines.modes import ModeCosts
+from engines.modes import PLAIN_STEP, ModeCosts
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator
 from engines.slots import SlotState
@@ -218,8 +218,8 @@ class SpecDecoder:
     def draft(self, slots: Sequence[int], k: int, use: Sequence[str | None] | None = None) -> Proposal | None:
         """ONE drafter pass proposing up to k tokens after each row's y0 (one per drafter and sampling
         mode when rows differ; None when no row drafts). Rows in a mode without a drafter get width 0.
-        `use[b]`: the mode whose drafter drafts row b this step (None: its own; a speculative row may
-        use any mode's drafter, which catches up on the context it has not seen first)."""
+        `use[b]`: the mode whose drafter drafts row b this step (None: its own; `PLAIN_STEP`: none; a row
+        in a wide mode may use the narrowest mode's drafter, which catches up on what it has not seen)."""
         if k <= 0:
             return None
         t0 = time.perf_counter()
@@ -227,10 +227,11 @@ class SpecDecoder:
         by_drafter: dict[int, tuple[Drafter, list[int]]] = {}
         for b, st in enumerate(states):
             st.last_drafter = None
-            d = st.drafter if use is None or use[b] is None else self.modes[use[b]]   # type: ignore[index]
+            u = None if use is None else use[b]
+            d = st.drafter if u is None else None if u == PLAIN_STEP else self.modes[u]
             if d is not None:
                 if d not in st.drafters:
-                    raise EngineError(f"row {slots[b]} ({st.mode}) cannot draft with mode {use[b]!r}")   # type: ignore[index]
+                    raise EngineError(f"row {slots[b]} ({st.mode}) cannot draft with mode {u!r}")
                 by_drafter.setdefault(id(d), (d, []))[1].append(b)
                 st.last_drafter = d
         if not by_drafter:

@@ -13,6 +13,7 @@ from engines.drafters.base import Proposal
 from engines.errors import DrafterMismatch, EngineError
 from engines.forward_cost import LinearCost
 from engines.generate import ar_generate
+from engines.modes import PLAIN_STEP
 from engines.model import ForwardOut, Transformer
 from engines.sampling import SamplingParams
 from engines.spec import SpecDecoder
@@ -112,9 +113,9 @@ def test_width_groups_split_only_when_padding_costs_more_than_a_forward():
 
 
 def test_rows_switching_drafters_step_by_step_stay_exact():
-    """A wide-mode row drafted by the narrow mode's drafter in some steps and by its own in others
-    (`draft(..., use=...)`): each drafter catches up on the context it missed (the oracles assert
-    contiguous positions), and the output is plain greedy decoding's."""
+    """A wide-mode row drafted by the narrow mode's drafter in some steps, by its own in others and by
+    none in plain steps (`draft(..., use=...)`): each drafter catches up on the context it missed (the
+    oracles assert contiguous positions), and the output is plain greedy decoding's."""
     import random
 
     target = make_target()
@@ -125,7 +126,8 @@ def test_rows_switching_drafters_step_by_step_stay_exact():
     outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]] for s, (p, m) in enumerate(zip(ps, modes, strict=True))}
     live = list(range(4))
     while live:
-        use = [("narrow" if g.random() < 0.5 else None) if modes[s] == "wide" else None for s in live]
+        use = [g.choice(("narrow", PLAIN_STEP, None)) if modes[s] == "wide" else
+               g.choice((PLAIN_STEP, None)) if modes[s] == "narrow" else None for s in live]
         rows = dec.verify(live, dec.draft(live, 8, use), [8] * len(live))
         for s, row in zip(live, rows, strict=True):
             outs[s] += row
@@ -151,6 +153,11 @@ def test_choose_narrows_wide_rows_only_in_a_busy_step():
     assert choose([wide, wide, plain], draft_ms, unit, bound) == [1, 1, 0]
     # a wide drafter that pays for itself stays, even in a batch
     assert choose([[Option(1, 15, 12.0), Option(2, 3, 3.2)], narrow], draft_ms, unit, bound) == [0, 0]
+    # a busy batch whose drafts hardly get accepted (T=1) takes a plain step; one that accepts, drafts
+    hot = [[Option(2, 3, 1.3), Option(-1, 0, 1.0)]] * 4
+    assert choose(hot, draft_ms, unit, bound) == [1, 1, 1, 1]
+    assert choose([[Option(2, 3, 3.2), Option(-1, 0, 1.0)]] * 4, draft_ms, unit, bound) == [0, 0, 0, 0]
+    assert choose(hot[:1], draft_ms, unit, bound) == [0]                        # alone: its own mode
 
 
 def test_mode_costs_ignore_a_drafters_cold_first_pass():
