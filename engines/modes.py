@@ -33,7 +33,7 @@ from typing import Any
 EMA = 0.05              # weight of a new observation in the running means
 ROW_PRIOR = 4.0         # pseudo-steps of the drafter's mean in a row's estimate
 PLAIN = -1              # the key of "no drafter" (a plain row)
-MARGIN = 0.1            # a move to a narrower drafter must raise the step's tokens per ms by 10%
+MARGIN = 0.1            # a move (to a narrower drafter, or plain) must raise the step's tokens per ms by 10%
 PLAIN_STEP = "-"        # `SpecDecoder.draft(use=...)`: the row takes a plain step (drafts nothing)
 
 
@@ -119,16 +119,17 @@ class ModeCosts:
 
 def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None:
     """For a decoder serving several modes: per row the mode whose drafter drafts it this step (None:
-    its own), or None for the whole step when nothing moves (one mode, nothing measured yet)."""
+    its own; `PLAIN_STEP`: none), or None for the whole step when nothing moves (one mode, nothing
+    measured yet)."""
     modes = getattr(decoder, "modes", None)
     bound = float(getattr(decoder, "compute_bound_tokens", 0.0))
     costs: ModeCosts | None = getattr(decoder, "costs", None)
     if not modes or len(modes) < 2 or bound <= 0 or costs is None or costs.unit_ms <= 0:
         return None
     spec = sorted(((m, d) for m, d in modes.items() if d is not None), key=lambda md: int(md[1].max_draft))
-    if len(spec) < 2:
+    if not spec:
         return None
-    narrow_mode, narrow = spec[0]
+    narrow_mode, narrow = spec[0]   # with one speculative mode, its rows may only go plain
     plain = Option(PLAIN, 0, 1.0)
     options: list[list[Option]] = []
     for s in slots:

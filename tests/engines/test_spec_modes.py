@@ -13,8 +13,8 @@ from engines.drafters.base import Proposal
 from engines.errors import DrafterMismatch, EngineError
 from engines.forward_cost import LinearCost
 from engines.generate import ar_generate
-from engines.modes import PLAIN_STEP
 from engines.model import ForwardOut, Transformer
+from engines.modes import PLAIN_STEP
 from engines.sampling import SamplingParams
 from engines.spec import SpecDecoder
 from engines.step import decode_step, width_groups
@@ -174,3 +174,19 @@ def test_mode_costs_ignore_a_drafters_cold_first_pass():
     assert c.expected(None, d) == pytest.approx(1 + 0.3 * 15)   # nothing seen: the width's prior
     c.observe_row(d, 8)
     assert c.expected((4, 8), d) == pytest.approx((8 + 4 * 8) / 8)
+
+
+def test_a_worker_with_one_drafting_mode_may_still_take_plain_steps():
+    from engines.modes import step_drafters
+
+    target = make_target()
+    oracle = OracleDrafter(target, k_max=3)
+    dec = SpecDecoder(target, None, 4, 64, modes={"narrow": oracle, "ar": None})
+    dec.compute_bound_tokens, dec.costs.unit_ms = 27.0, 12.0
+    dec.costs.draft_ms[id(oracle)] = 5.0
+    dec.costs.mean_tokens[id(oracle)] = 1.2      # hardly anything accepted (T=1 under load)
+    for s in range(4):
+        dec.start(s, [5, 6, 7], SamplingParams(), "narrow")
+    assert step_drafters(dec, [0, 1, 2, 3]) == [PLAIN_STEP] * 4
+    dec.costs.mean_tokens[id(oracle)] = 3.2      # drafts pay: no override
+    assert step_drafters(dec, [0, 1, 2, 3]) is None
