@@ -262,22 +262,24 @@ def _modes(demo: Demo) -> dict[str, object]:
 
 
 def test_multi_mode_batch_equals_greedy_decoding(demo, prompts):
-    """MTP, DFly (block 16) and plain rows in one batch through `decode_step`, the verify split by a
-    CPU-like cost model (15 tokens): every row equals plain greedy decoding."""
-    from engines.step import decode_step
+    """MTP, DFly (block 16) and plain rows in one batch, every step drafting with each row's own
+    drafter and verifying split by a CPU-like cost model (15 tokens: `width_groups`): every row equals
+    plain greedy decoding. (The per-step drafter choice is driven at random in test_spec_modes.py.)"""
+    from engines.step import verify_groups, width_groups
 
     target = demo.target
     dec = SpecDecoder(target, None, 6, target.config.max_position_embeddings, modes=_modes(demo))
-    dec.compute_bound_tokens = 15.0
     batch = prompts[:6]
     modes = ["mtp", "dfly", "ar", "dfly", "ar", "mtp"]   # every domain in every mode across the pool order
     outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]]
             for s, (p, m) in enumerate(zip(batch, modes, strict=True))}
     live = list(range(6))
     while live:
-        res = decode_step(dec, live, [N_TOKENS - len(outs[s]) for s in live], 15, None, [False] * len(live),
-                          [(0, 0)] * len(live))
-        for s, row in zip(live, res.out, strict=True):
+        proposal = dec.draft(live, 15)   # None once only plain rows are left
+        limits = proposal.limits() if proposal is not None else [0] * len(live)
+        keep = [max(0, min(w, N_TOKENS - len(outs[s]) - 1)) for w, s in zip(limits, live, strict=True)]
+        groups = width_groups(keep, int(proposal.tokens.shape[1]) if proposal is not None else 0, 15.0)
+        for s, row in zip(live, verify_groups(dec, live, proposal, keep, groups), strict=True):
             outs[s] += row
         live = [s for s in live if len(outs[s]) < N_TOKENS]
     for s, (ids, mode) in enumerate(zip(batch, modes, strict=True)):
