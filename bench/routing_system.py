@@ -7,8 +7,8 @@ Arms (`ARMS`): each is exactly two worker processes with one torch thread each. 
 `learned-shared` runs two multi-mode workers (`--engine mtp,dfly`: one target, both drafters), each a
 member of two pools, one per mode (`--pool-mode`), so routing picks a mode per request without
 splitting the hardware; each worker narrows a DFly row to MTP's drafter, or takes plain steps, in the
-steps where its cost model says so (engines/modes.py), which is where an `ar` pool would have paid. Workers of the arms not running sit idle (blocked on their queues,
-no CPU). Between arms and cells the
+steps where its cost model says so (engines/modes.py), which is where an `ar` pool would have paid.
+Workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
 statistics keys are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway
 writes the built-in default policy; the static arm then turns learning off through the admin API.
 """

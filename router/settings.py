@@ -17,23 +17,37 @@ from router.discovery import is_dns, parse_dns
 from router.keys import KeyLimits, parse_limits
 
 
+def spec_or_json(value: str, seps: str = ";") -> Any:
+    """A setting given as JSON (`{...}`) -> the parsed object; else its compact `NAME=VALUE` parts
+    (split at any of `seps`, empty parts dropped) -> [(part, name, value)], name and value stripped,
+    value None where the part has no `=`."""
+    text = value.strip()
+    if text.startswith("{"):
+        return json.loads(text)
+    for sep in seps[1:]:
+        text = text.replace(sep, seps[0])
+    out: list[tuple[str, str, str | None]] = []
+    for part in filter(None, (p.strip() for p in text.split(seps[0]))):
+        name, eq, rest = part.partition("=")
+        out.append((part, name.strip(), rest.strip() if eq else None))
+    return out
+
+
 def parse_pools(value: Any) -> dict[str, list[str]]:
     """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form; a member
     `dns:///host:port` stands for every address the name resolves to (router/discovery.py)."""
     if value is None or value == "":
         return {}
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            value = json.loads(text)
-        else:
+        parsed = spec_or_json(value)
+        if isinstance(parsed, list):
             out: dict[str, list[str]] = {}
-            for part in filter(None, (p.strip() for p in text.split(";"))):
-                name, sep, addrs = part.partition("=")
-                if not sep or not name.strip():
+            for part, name, addrs in parsed:
+                if addrs is None or not name:
                     raise ValueError(f"pool spec {part!r} must look like NAME=HOST:PORT[,HOST:PORT...]")
-                out.setdefault(name.strip(), []).extend(a.strip() for a in addrs.split(",") if a.strip())
-            value = out
+                out.setdefault(name, []).extend(a.strip() for a in addrs.split(",") if a.strip())
+            parsed = out
+        value = parsed
     if not isinstance(value, dict):
         raise ValueError("pools must be a mapping of pool name to endpoint list")
     pools: dict[str, list[str]] = {}
@@ -60,16 +74,13 @@ def parse_pool_modes(value: Any) -> dict[str, str]:
     if value is None or value == "":
         return {}
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            value = json.loads(text)
-        else:
-            value = {}
-            for part in filter(None, (p.strip() for p in text.replace(",", ";").split(";"))):
-                name, sep, mode = part.partition("=")
-                if not sep or not name.strip() or not mode.strip():
+        parsed = spec_or_json(value, ";,")
+        if isinstance(parsed, list):
+            for part, name, mode in parsed:
+                if not name or not mode:
                     raise ValueError(f"pool mode {part!r} must look like NAME=MODE")
-                value[name.strip()] = mode.strip()
+            parsed = {name: mode for _, name, mode in parsed}
+        value = parsed
     if not isinstance(value, dict):
         raise ValueError("pool modes must be a mapping of pool name to engine mode")
     return {str(k): str(v) for k, v in value.items()}

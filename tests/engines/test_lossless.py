@@ -200,10 +200,18 @@ def test_sampled_first_tokens_follow_the_target_distribution(demo, hot, kind, sa
     ids, cells, enumerated = hot
     slots = 100
     dec = SpecDecoder(target, demo.drafter(kind), slots, len(ids) + 64, sample_drafts=sample_drafts)
+    counts = _pair_counts(dec, ids, n, k, lambda s: SamplingParams(temperature, top_p, seed=s))
+    _assert_follows(counts, n, cells, enumerated, kind)
+
+
+def _pair_counts(dec: SpecDecoder, ids: list[int], n: int, k: int, params: Callable[[int], SamplingParams],
+                 modes: list[str | None] | None = None) -> dict[tuple[int, int], int]:
+    """The first two tokens of `n` samples of `ids`, decoded in batches of every slot of `dec` (draw i
+    with `params(i)`, slot s in `modes[s]`), drafting k tokens a step: pair -> count."""
+    slots = dec.num_slots
     counts: dict[tuple[int, int], int] = {}
     for base in range(0, n, slots):
-        firsts = dec.prefill_batch(list(range(slots)), [ids] * slots,
-                                   [SamplingParams(temperature, top_p, seed=base + s) for s in range(slots)])
+        firsts = dec.prefill_batch(list(range(slots)), [ids] * slots, [params(base + s) for s in range(slots)], modes)
         outs = {s: [y] for s, y in enumerate(firsts)}
         live = list(range(slots))
         while live:
@@ -215,7 +223,7 @@ def test_sampled_first_tokens_follow_the_target_distribution(demo, hot, kind, sa
             key = (outs[s][0], outs[s][1])
             counts[key] = counts.get(key, 0) + 1
             dec.release(s)
-    _assert_follows(counts, n, cells, enumerated, kind)
+    return counts
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dfly"])
@@ -294,19 +302,6 @@ def test_multi_mode_sampled_rows_follow_the_target_distribution(demo, hot):
     ids, cells, enumerated = hot
     slots, k = 60, 2
     dec = SpecDecoder(target, None, slots, len(ids) + 64, modes=_modes(demo))
-    modes = [("mtp", "dfly", "ar")[s % 3] for s in range(slots)]
-    counts: dict[tuple[int, int], int] = {}
-    for base in range(0, 600, slots):
-        firsts = dec.prefill_batch(list(range(slots)), [ids] * slots,
-                                   [SamplingParams(TEMPERATURE, TOP_P, seed=base + s) for s in range(slots)], modes)
-        outs = {s: [y] for s, y in enumerate(firsts)}
-        live = list(range(slots))
-        while live:
-            rows = dec.verify(live, dec.draft(live, k), [k] * len(live))
-            for s, r in zip(live, rows, strict=True):
-                outs[s] += r
-            live = [s for s in live if len(outs[s]) < 2]
-        for s in range(slots):
-            counts[(outs[s][0], outs[s][1])] = counts.get((outs[s][0], outs[s][1]), 0) + 1
-            dec.release(s)
+    modes: list[str | None] = [("mtp", "dfly", "ar")[s % 3] for s in range(slots)]
+    counts = _pair_counts(dec, ids, 600, k, lambda s: SamplingParams(TEMPERATURE, TOP_P, seed=s), modes)
     _assert_follows(counts, 600, cells, enumerated, "mtp + dfly + ar rows (one batch)")
