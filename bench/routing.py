@@ -18,7 +18,9 @@ every `--concurrency` level (S5 at its own levels): one cell per (scenario, leve
 `--requests-per-scenario`, so that as many requests follow the change. Traces are built
 once per cell from held-out prompts and replayed identically to every arm.
 
-Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured requests of the cell's
+Cells run one after another, each cell's arms back to back (a fresh gateway per arm, the arm order
+rotated from cell to cell), so the arms a cell compares run minutes apart on a machine whose speed
+drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured requests of the cell's
 first phase let learning (and the workers' caches) warm up, then the trace runs closed-loop, one
 segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean accepted length,
 routing shares and goodput over time, regret against the best arm, for S3/S4 the requests until 90% of
@@ -214,11 +216,11 @@ def main(argv: list[str]) -> int:
         t_w = time.perf_counter()
         system.start_workers(keys)
         print(f"workers ready in {time.perf_counter() - t_w:.0f}s", flush=True)
-        for arm_name in arm_names:
-            arm = ARMS[arm_name]
-            system.start_gateway(arm)
-            for name, sc, _ in cells:
-                warm, trace = traces[name]
+        for c, (name, sc, _) in enumerate(cells):   # cell by cell: a cell's arms run minutes apart, not an hour
+            warm, trace = traces[name]
+            for arm_name in arm_names[c % len(arm_names):] + arm_names[:c % len(arm_names)]:
+                arm = ARMS[arm_name]
+                system.start_gateway(arm)
                 t_c = time.perf_counter()
                 res, st = run_trace(system, arm, sc, warm, trace, args.max_tokens)
                 rows[name][arm_name] = [r.row(with_text=r.item.temperature == 0.0) for r in res]
@@ -229,7 +231,8 @@ def main(argv: list[str]) -> int:
     finally:
         system.close()
 
-    results = [analyse(name, sc, conc, rows[name], starts[name], args.bins, args.switch_window)
+    results = [analyse(name, sc, conc, {a: rows[name][a] for a in arm_names if a in rows[name]}, starts[name],
+                       args.bins, args.switch_window)
                for name, sc, conc in cells]
     report: dict[str, Any] = {
         "benchmark": "routing",
@@ -247,6 +250,7 @@ def main(argv: list[str]) -> int:
             "the target, the drafters and the classifier's final model were all trained without them",
             "all processes (2 workers x 1 torch thread, gateway, Redis, load generator) share the machine's CPUs",
             "per cell and arm: statistics deleted, then --warmup-requests unmeasured requests of the first phase",
+            "cell by cell: a cell's arms back to back, each on a fresh gateway, the arm order rotated per cell",
         ],
         "cells": results,
         "suite": suite_totals({a: r["arms"][a]["summary"] for a in r["arms"]} for r in results),

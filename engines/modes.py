@@ -15,10 +15,19 @@ C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a 
 `tokens` the verified tokens (1 + drafts per row; a plain row emits 1). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter (its own record shrunk toward the drafter's
 running mean) are measured online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy,
-and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter: there
-is no one else's forward to make dearer, and the router chose that mode for it from what the mode did
-for requests like it. Rows never move to a wider drafter than their mode's, and rows in a plain (`ar`)
-mode never draft. Lossless either way: the drafter only changes what is proposed, and a drafter that
+and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter (there
+is no one else's forward to make dearer, the router chose that mode for it from what the mode did for
+requests like it, and the linear cost model overstates a wide verify at one row), unless a narrower
+drafter is expected to emit more tokens for it than its own: a drafter gone bad (S4's fault drill)
+is then left alone as well as in a batch. Rows never move to a wider drafter than their mode's, and rows in a plain (`ar`)
+mode never draft.
+
+Estimates that nothing refreshes go stale: a drafter no row uses is never measured again, so a
+pessimistic first figure would keep its rows plain for good (seen: a batch of DFly-mode rows went plain
+at T=0 because MTP's drafter had been measured on two catch-up passes). Two guards: a drafter's running
+mean is a plain average over its first `1 / EMA` rows (one early outlier does not stick), and the
+narrowest drafter, when no row has drafted with it for `PROBE_EVERY` steps, drafts this step for the
+rows that chose a plain step although they could use it (a probe, as D-Cut's plain steps have). Lossless either way: the drafter only changes what is proposed, and a drafter that
 sat out catches up on the context it has not seen at its next pass.
 
 `choose` is the pure decision; `step_drafters` reads the decoder's state for it.
@@ -35,6 +44,7 @@ ROW_PRIOR = 4.0         # pseudo-steps of the drafter's mean in a row's estimate
 PLAIN = -1              # the key of "no drafter" (a plain row)
 MARGIN = 0.1            # a move (to a narrower drafter, or plain) must raise the step's tokens per ms by 10%
 PLAIN_STEP = "-"        # `SpecDecoder.draft(use=...)`: the row takes a plain step (drafts nothing)
+PROBE_EVERY = 16        # steps the narrowest drafter may sit out while rows that could use it go plain
 
 
 @dataclass(frozen=True)
@@ -57,15 +67,19 @@ def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], u
     own: the rows with alternatives, widest first, each take the alternative that raises U most if it
     does so by `MARGIN`; moving every such row at once to the same kind of alternative (all to the
     narrowest drafter, all plain: which also saves a drafter's pass) is tried as well. A row alone keeps
-    its own."""
+    its own, unless a narrower drafter is expected to emit `MARGIN` more tokens than its own."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
         return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
 
     choice = [0] * len(options)
     movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
-    if not movable or len(options) < 2:
+    if not movable:
         return choice
+    if len(options) < 2:   # alone: only to a narrower drafter that emits more than its own (a bad drafter)
+        row = options[0]
+        j = max(range(len(row)), key=lambda j: row[j].tokens)
+        return [j if row[j].width < row[0].width and row[j].tokens > row[0].tokens * (1.0 + MARGIN) else 0]
     best = u(choice)
     for i in movable:
         trials = [[*choice[:i], j, *choice[i + 1:]] for j in range(1, len(options[i]))]
@@ -89,6 +103,17 @@ class ModeCosts:
     unit_ms: float = 0.0                                        # one-token forward (EMA; 0: none yet)
     mean_tokens: dict[int, float] = field(default_factory=dict)  # id(drafter) -> tokens per drafted row-step
     warm: set[int] = field(default_factory=set)                 # drafters whose first pass has been seen
+    rows_seen: dict[int, int] = field(default_factory=dict)     # id(drafter) -> drafted row-steps observed
+    step: int = 0                                               # multi-mode steps decided so far
+    last_used: dict[int, int] = field(default_factory=dict)     # id(drafter) -> the step it last drafted in
+
+    def used(self, drafter: Any) -> None:
+        """`drafter` drafts in the current step."""
+        self.last_used[id(drafter)] = self.step
+
+    def idle(self, drafter: Any) -> int:
+        """Steps since `drafter` last drafted (since the first step when it never has)."""
+        return self.step - self.last_used.get(id(drafter), 0)
 
     def observe_draft(self, drafter: Any, ms: float) -> None:
         """One steady pass of `drafter` took `ms` (its first pass, which builds lookup tables, is not counted:
@@ -107,8 +132,12 @@ class ModeCosts:
         self.unit_ms = unit if self.unit_ms <= 0 else (1 - EMA) * self.unit_ms + EMA * unit
 
     def observe_row(self, drafter: Any, tokens: int) -> None:
+        """A row-step drafted by `drafter` emitted `tokens`: a plain average over the first 1 / EMA, then
+        the EMA."""
         k = id(drafter)
-        self.mean_tokens[k] = tokens if k not in self.mean_tokens else (1 - EMA) * self.mean_tokens[k] + EMA * tokens
+        n = self.rows_seen[k] = self.rows_seen.get(k, 0) + 1
+        w = max(EMA, 1.0 / n)
+        self.mean_tokens[k] = (1 - w) * self.mean_tokens.get(k, 0.0) + w * tokens
 
     def expected(self, record: tuple[int, int] | None, drafter: Any) -> float:
         """Tokens a step with `drafter` should emit for a row whose record with it is (steps, tokens)."""
@@ -130,6 +159,7 @@ def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None
     if not spec:
         return None
     narrow_mode, narrow = spec[0]   # with one speculative mode, its rows may only go plain
+    costs.step += 1
     plain = Option(PLAIN, 0, 1.0)
     options: list[list[Option]] = []
     for s in slots:
@@ -143,6 +173,9 @@ def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None
             row.append(Option(id(narrow), int(narrow.max_draft), costs.expected(st.records.get(id(narrow)), narrow)))
         options.append([*row, plain])
     picked = choose(options, costs.draft_ms, costs.unit_ms, bound)
+    if costs.idle(narrow) >= PROBE_EVERY:   # probe: rows gone plain that could draft with it do
+        picked = [next((j for j, o in enumerate(opts) if o.key == id(narrow)), c)
+                  if opts[c].key == PLAIN else c for opts, c in zip(options, picked, strict=True)]
     if not any(picked):
         return None
     out: list[str | None] = []

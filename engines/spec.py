@@ -239,6 +239,7 @@ class SpecDecoder:
         self.last_ingest = 0
         parts: list[tuple[list[int], Proposal]] = []
         for drafter, rows in by_drafter.values():
+            self.costs.used(drafter)
             t_d = time.perf_counter()
             ctx = self._context(drafter, [slots[b] for b in rows], [states[b] for b in rows])
             kd = min(k, drafter.max_draft, MAX_DRAFT)

@@ -158,6 +158,9 @@ def test_choose_narrows_wide_rows_only_in_a_busy_step():
     assert choose(hot, draft_ms, unit, bound) == [1, 1, 1, 1]
     assert choose([[Option(2, 3, 3.2), Option(-1, 0, 1.0)]] * 4, draft_ms, unit, bound) == [0, 0, 0, 0]
     assert choose(hot[:1], draft_ms, unit, bound) == [0]                        # alone: its own mode
+    # alone with a drafter gone bad: the narrower one that emits more (never plain: it emits less)
+    assert choose([[Option(1, 15, 1.2), Option(2, 3, 3.2), Option(-1, 0, 1.0)]], draft_ms, unit, bound) == [1]
+    assert choose([[Option(1, 15, 3.3), Option(2, 3, 3.2), Option(-1, 0, 1.0)]], draft_ms, unit, bound) == [0]
 
 
 def test_mode_costs_ignore_a_drafters_cold_first_pass():
@@ -174,6 +177,8 @@ def test_mode_costs_ignore_a_drafters_cold_first_pass():
     assert c.expected(None, d) == pytest.approx(1 + 0.3 * 15)   # nothing seen: the width's prior
     c.observe_row(d, 8)
     assert c.expected((4, 8), d) == pytest.approx((8 + 4 * 8) / 8)
+    c.observe_row(d, 2)                 # a plain average while few are seen: one outlier does not stick
+    assert c.mean_tokens[id(d)] == pytest.approx(5.0)
 
 
 def test_a_worker_with_one_drafting_mode_may_still_take_plain_steps():
@@ -190,3 +195,31 @@ def test_a_worker_with_one_drafting_mode_may_still_take_plain_steps():
     assert step_drafters(dec, [0, 1, 2, 3]) == [PLAIN_STEP] * 4
     dec.costs.mean_tokens[id(oracle)] = 3.2      # drafts pay: no override
     assert step_drafters(dec, [0, 1, 2, 3]) is None
+
+
+def test_a_narrow_drafter_left_out_is_probed_before_rows_stay_plain_for_good():
+    """A pessimistic first figure for the narrow drafter sends a batch of wide rows plain; after
+    PROBE_EVERY steps without it those rows draft with it once, its estimate is revised from what it
+    then emits (a good drafter here: the rows go on drafting with it), and it never sits out longer."""
+    from engines.modes import PROBE_EVERY, step_drafters
+
+    target = make_target()
+    dec = multi_decoder(target, 4)
+    wide, narrow = dec.modes["wide"], dec.modes["narrow"]
+    dec.compute_bound_tokens, dec.costs.unit_ms = 27.0, 12.0
+    dec.costs.draft_ms.update({id(wide): 9.0, id(narrow): 5.0})
+    dec.costs.mean_tokens.update({id(wide): 2.0, id(narrow): 1.1})   # both look useless: plain wins
+    slots = [0, 1, 2, 3]
+    dec.prefill_batch(slots, prompts(4, seed=5), [SamplingParams()] * 4, ["wide"] * 4)
+    probes = []
+    for i in range(3 * PROBE_EVERY):
+        use = step_drafters(dec, slots)
+        if use == ["narrow"] * 4:
+            probes.append(i)
+            dec.verify(slots, dec.draft(slots, 8, use), [8] * 4)   # drafting with it marks it used
+            assert dec.costs.idle(narrow) == 0
+        else:
+            assert use == [PLAIN_STEP] * 4
+    assert probes[:2] == [PROBE_EVERY - 1, PROBE_EVERY]        # the probe, then a choice on the revised figure
+    assert dec.costs.mean_tokens[id(narrow)] > 1.5
+    assert all(b - a <= PROBE_EVERY for a, b in zip(probes, [*probes[1:], 3 * PROBE_EVERY], strict=True))
