@@ -15,20 +15,21 @@ C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a 
 `tokens` the verified tokens (1 + drafts per row; a plain row emits 1). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter (its own record shrunk toward the drafter's
 running mean) are measured online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy,
-and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter (there
+and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter: there
 is no one else's forward to make dearer, the router chose that mode for it from what the mode did for
-requests like it, and the linear cost model overstates a wide verify at one row), unless a narrower
-drafter is expected to emit more tokens for it than its own: a drafter gone bad (S4's fault drill)
-is then left alone as well as in a batch. Rows never move to a wider drafter than their mode's, and rows in a plain (`ar`)
-mode never draft.
+requests like it, and the linear cost model overstates a wide verify at one row (a rule that let a
+lone row leave a drafter whose record fell below the narrow one's cost S5's two-row phases half
+their DFly speed, and was taken out). Rows never move to a wider drafter than their mode's, and rows in a
+plain (`ar`) mode never draft.
 
-Estimates that nothing refreshes go stale: a drafter no row uses is never measured again, so a
-pessimistic first figure would keep its rows plain for good (seen: a batch of DFly-mode rows went plain
-at T=0 because MTP's drafter had been measured on two catch-up passes). Two guards: a drafter's running
-mean is a plain average over its first `1 / EMA` rows (one early outlier does not stick), and the
-narrowest drafter, when no row has drafted with it for `PROBE_EVERY` steps, drafts this step for the
-rows that chose a plain step although they could use it (a probe, as D-Cut's plain steps have). Lossless either way: the drafter only changes what is proposed, and a drafter that
-sat out catches up on the context it has not seen at its next pass.
+Estimates that nothing refreshes go stale: a drafter no row uses is never measured again, so a low
+early figure would keep its rows plain for good (seen: a batch of DFly-mode rows at T=0 went plain
+after MTP's drafter's first figures came out low, at 82 tok/s where drafting with it gives 103). Two
+guards: a drafter's running mean is a plain average over its first `1 / EMA` row-steps, so no single
+early one sticks; and when no row has drafted with the narrowest drafter for `PROBE_EVERY` steps, the
+rows that chose a plain step although they could draft with it do so this step (a probe, as D-Cut
+has for its plain steps). Lossless either way: the drafter only changes what is proposed, and a
+drafter that sat out catches up on the context it has not seen at its next pass.
 
 `choose` is the pure decision; `step_drafters` reads the decoder's state for it.
 """
@@ -67,19 +68,15 @@ def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], u
     own: the rows with alternatives, widest first, each take the alternative that raises U most if it
     does so by `MARGIN`; moving every such row at once to the same kind of alternative (all to the
     narrowest drafter, all plain: which also saves a drafter's pass) is tried as well. A row alone keeps
-    its own, unless a narrower drafter is expected to emit `MARGIN` more tokens than its own."""
+    its own."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
         return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
 
     choice = [0] * len(options)
     movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
-    if not movable:
+    if not movable or len(options) < 2:
         return choice
-    if len(options) < 2:   # alone: only to a narrower drafter that emits more than its own (a bad drafter)
-        row = options[0]
-        j = max(range(len(row)), key=lambda j: row[j].tokens)
-        return [j if row[j].width < row[0].width and row[j].tokens > row[0].tokens * (1.0 + MARGIN) else 0]
     best = u(choice)
     for i in movable:
         trials = [[*choice[:i], j, *choice[i + 1:]] for j in range(1, len(options[i]))]
