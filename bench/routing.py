@@ -20,9 +20,9 @@ once per cell from held-out prompts and replayed identically to every arm.
 
 Cells run one after another, each cell's arms back to back (a fresh gateway per arm, the arm order
 rotated from cell to cell), so the arms a cell compares run minutes apart on a machine whose speed
-drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured requests of the cell's
-first phase let learning (and the workers' caches) warm up, then the trace runs closed-loop, one
-segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean accepted length,
+drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
+requests of the cell's first phase let learning (and the workers' caches) warm up, then the trace runs
+closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean accepted length,
 routing shares and goodput over time, regret against the best arm, for S3/S4 the requests until 90% of
 the affected traffic is on the better pool (bench/routing_metrics.py), whether T=0 outputs are
 identical across arms, and suite totals. Writes `<name>.json`, `<name>.png` and the per-request
