@@ -22,10 +22,10 @@ Cells run one after another, each cell's arms back to back (a fresh gateway per 
 rotated from cell to cell), so the arms a cell compares run minutes apart on a machine whose speed
 drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
 requests of the cell's first phase let learning (and the workers' caches) warm up, then the trace runs
-closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean accepted length,
-routing shares and goodput over time, regret against the best arm, for S3/S4 the requests until 90% of
-the affected traffic is on the better pool (bench/routing_metrics.py), whether T=0 outputs are
-identical across arms, and suite totals. Writes `<name>.json`, `<name>.png` and the per-request
+closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean
+accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
+requests until 90% of the affected traffic is on the better pool (bench/routing_metrics.py), whether
+T=0 outputs are identical across arms, and suite totals. Writes `<name>.json`, `<name>.png` and the per-request
 rows (texts of T=0 requests included) in `<name>-requests.jsonl.gz`.
 
 CPU: the workers, the gateway, Redis and the load generator share the machine; on a 2-core machine

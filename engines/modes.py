@@ -17,10 +17,8 @@ C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a 
 running mean) are measured online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy,
 and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter: there
 is no one else's forward to make dearer, the router chose that mode for it from what the mode did for
-requests like it, and the linear cost model overstates a wide verify at one row. (Letting a lone row
-leave its drafter for a narrower one expected to emit more halved DFly rows' speed in S5's two-row
-phases; it was taken out again.) Rows never move to a wider drafter than their mode's, and rows in a
-plain (`ar`) mode never draft.
+requests like it, and the linear cost model overstates a wide verify at one row. Rows never move to a
+wider drafter than their mode's, and rows in a plain (`ar`) mode never draft.
 
 Estimates that nothing refreshes go stale: a drafter no row uses is never measured again, so a low
 early figure would keep its rows plain for good (seen: a batch of DFly-mode rows at T=0 went plain
