@@ -30,17 +30,25 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def logits_to_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
+RowParam = float | Tensor   # one temperature (top-p) for every row, or one per row: [...] = logits' leading dims
+
+
+def logits_to_probs(logits: Tensor, temperature: RowParam, top_p: RowParam = 1.0) -> Tensor:
     """[..., V] logits -> [..., V] fp32 probabilities after temperature and nucleus truncation.
-    temperature 0 gives the one-hot of the argmax."""
+    temperature 0 gives the one-hot of the argmax. Per-row parameters (tensors of the leading shape)
+    must have every temperature > 0; a row with top_p 1 is not truncated."""
     logits = logits.float()
-    if temperature <= 0.0:
+    if not isinstance(temperature, Tensor) and temperature <= 0.0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
+    t = temperature[..., None].float() if isinstance(temperature, Tensor) else temperature
+    probs = torch.softmax(logits / t, dim=-1)
+    tp = top_p[..., None].float() if isinstance(top_p, Tensor) else top_p
+    if bool((torch.as_tensor(tp) < 1.0).any()):
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(-1)
-        drop = (cum - sorted_p) >= top_p          # keep the smallest prefix whose mass reaches top_p
+        drop = (cum - sorted_p) >= tp              # keep the smallest prefix whose mass reaches top_p
+        if isinstance(tp, Tensor):
+            drop &= tp < 1.0                       # rows without top-p keep everything
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -64,17 +64,17 @@ class SpecDecoder:
     def __init__(self, target: Transformer, drafter: Drafter | None, num_slots: int, max_len: int,
                  prefill_chunk: int = 256, sample_drafts: bool = True,
                  modes: Mapping[str, Drafter | None] | None = None) -> None:
-        """sample_drafts (the default): when every row of a `draft` call samples (T > 0) with the same
-        temperature and top-p, the drafter samples its drafts from its own distribution q at that
-        temperature and top-p (kept for the ratio test and the residual) instead of drafting greedily.
+        """sample_drafts (the default): a row that samples (T > 0) has its drafts sampled from the
+        drafter's own distribution q at the row's temperature and top-p (kept for the ratio test and the
+        residual) instead of drafted greedily.
         Both are lossless (tests/engines/test_verify.py, test_lossless.py); a sampled draft is accepted
         with probability sum min(p, q) = 1 - TV(p, q) against p(argmax q) for a greedy one, which is
         what drafters distilled on the target's distribution are trained to maximise. Block drafters
         sample every slot from its own q (DFlash: q_i given the block context; DFly: q_i also given the
         sampled predecessor), so q_i is exactly the distribution d_i was drawn from given everything
-        before it, which is all the ratio test and the residual need. A batch whose rows sample at
-        different temperatures or top-p is drafted by one drafter call per mode (greedy rows are one
-        mode), each row from q at its own settings.
+        before it, which is all the ratio test and the residual need. Rows of different temperatures
+        or top-p (greedy rows among them) share one drafter call, each row drafted from q at its own
+        settings (per-row parameters, `engines.drafters.head.pick_tokens`).
 
         modes: several engine modes over this target (name -> drafter, None for plain decoding; the
         first is the default and `drafter` is ignored); None: one mode, `drafter`. Tree drafters run
@@ -216,8 +216,8 @@ class SpecDecoder:
     # --- one speculative step ------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, slots: Sequence[int], k: int, use: Sequence[str | None] | None = None) -> Proposal | None:
-        """ONE drafter pass proposing up to k tokens after each row's y0 (one per drafter and sampling
-        mode when rows differ; None when no row drafts). Rows in a mode without a drafter get width 0.
+        """ONE drafter pass proposing up to k tokens after each row's y0 (one per drafter when rows use
+        several; None when no row drafts). Rows in a mode without a drafter get width 0.
         `use[b]`: the mode whose drafter drafts row b this step (None: its own; `PLAIN_STEP`: none; a row
         in a wide mode may use the narrowest mode's drafter, which catches up on what it has not seen)."""
         if k <= 0:
@@ -243,17 +243,7 @@ class SpecDecoder:
             t_d = time.perf_counter()
             ctx = self._context(drafter, [slots[b] for b in rows], [states[b] for b in rows])
             kd = min(k, drafter.max_draft, MAX_DRAFT)
-            groups: dict[tuple[float, float], list[int]] = {}
-            for r, b in enumerate(rows):   # rows by sampling mode; greedy rows (T = 0) are one mode
-                p = states[b].params
-                mode = (0.0, 1.0) if p.greedy or not self.sample_drafts else (p.temperature, p.top_p)
-                groups.setdefault(mode, []).append(r)
-            if not drafter.samples_drafts:   # proposals that ignore the temperature (a tree)
-                groups = {(0.0, 1.0): list(range(len(rows)))}
-            for (temperature, top_p), sub in groups.items():   # one call per mode: each sampled row drafts from its q
-                sub_ctx = ctx if len(sub) == len(rows) else ctx.subset(sub)
-                parts.append(([rows[r] for r in sub],
-                              self._propose(drafter, sub_ctx, kd, temperature, top_p, [states[rows[r]] for r in sub])))
+            parts.append((rows, self._propose(drafter, ctx, kd, [states[b] for b in rows])))
             if ctx.feats.shape[1] <= 2 * kd + 2:   # a steady pass, not a catch-up on a prompt or a backlog
                 self.costs.observe_draft(drafter, (time.perf_counter() - t_d) * 1000.0)
         B = len(slots)
@@ -287,13 +277,17 @@ class SpecDecoder:
             start=torch.tensor([self.length(s) for s in slots], dtype=torch.long),
         )
 
-    def _propose(self, drafter: Drafter, ctx: DraftContext, k: int, temperature: float, top_p: float,
-                 states: Sequence[SlotState]) -> Proposal:
-        """One drafter call for rows of one sampling mode (temperature 0: greedy drafts)."""
+    def _propose(self, drafter: Drafter, ctx: DraftContext, k: int, states: Sequence[SlotState]) -> Proposal:
+        """ONE drafter call for its rows, whatever their sampling: per-row temperature and top-p ([B];
+        0: greedy drafts, so greedy and sampled rows share the pass rather than one pass per sampling
+        mode, which tripled an MTP worker's drafting under mixed API temperatures)."""
+        hot = [self.sample_drafts and drafter.samples_drafts and not st.params.greedy for st in states]
+        temperature = torch.tensor([st.params.temperature if h else 0.0 for st, h in zip(states, hot, strict=True)])
+        top_p = torch.tensor([st.params.top_p if h else 1.0 for st, h in zip(states, hot, strict=True)])
         gen = None
-        if temperature > 0.0:
+        if any(hot):
             gen = states[0].generator if len(states) == 1 else self._draft_gen
-        drafter.sample_drafts = temperature > 0.0
+        drafter.sample_drafts = any(hot)
         return drafter.propose(ctx, k, temperature, top_p, gen)
 
     def _features(self, states: Sequence[SlotState], out: ForwardOut) -> dict[int, Tensor]:

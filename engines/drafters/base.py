@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from engines.drafters.config import DraftConfig
 from engines.drafters.head import DraftHead
 from engines.model import ForwardOut, Transformer
+from engines.sampling import RowParam
 
 
 @dataclass
@@ -182,7 +183,7 @@ class Drafter(nn.Module):
         """Forget a slot (request finished)."""
 
     # --- drafting ------------------------------------------------------------------------------
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+    def propose(self, ctx: DraftContext, k: int, temperature: RowParam = 0.0, top_p: RowParam = 1.0,
                 generator: torch.Generator | None = None) -> Proposal:
         raise NotImplementedError
 

@@ -21,6 +21,7 @@ from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.drafters.config import MASK_TOKEN_ID, DraftConfig, default_target_layers
 from engines.drafters.layers import DraftLayer, empty_proposal, write_valid
 from engines.model import ForwardOut, KVCache, RMSNorm, Transformer, init_weights, rope_cos_sin
+from engines.sampling import RowParam
 
 
 def fusion_prior(num_layers: int, num_sources: int) -> Tensor:
@@ -149,7 +150,7 @@ class DFlashDrafter(Drafter):
         return self.backbone(block, positions, ctx_kv, mask)
 
     @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+    def propose(self, ctx: DraftContext, k: int, temperature: RowParam = 0.0, top_p: RowParam = 1.0,
                 generator: torch.Generator | None = None) -> Proposal:
         k = min(k, self.max_draft)
         if k <= 0:
@@ -157,12 +158,13 @@ class DFlashDrafter(Drafter):
         h = self.block_hidden(ctx)[:, 1:k + 1]                  # [B, k, H]
         return self.draft_block(ctx, h, temperature, top_p, generator)
 
-    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: RowParam, top_p: RowParam,
                     generator: torch.Generator | None) -> Proposal:
         """The drafts from the block pass's hidden of the k draft slots h [B, k, H] (k >= 1; under
         `propose`'s no_grad). Variants that read more than h (the previous draft token) override this."""
         head = self.draft_head
         logits = head.logits(h)                                 # [B, k, N]
         B, k = h.shape[:2]
-        tok, conf, probs = head.pick(logits.reshape(B * k, -1), temperature, top_p, self.sample_drafts, generator)
+        t, tp = (x.repeat_interleave(k) if isinstance(x, Tensor) else x for x in (temperature, top_p))  # per row: [B * k]
+        tok, conf, probs = head.pick(logits.reshape(B * k, -1), t, tp, self.sample_drafts, generator)
         return Proposal(tok.view(B, k), conf.view(B, k), None if probs is None else probs.view(B, k, -1))

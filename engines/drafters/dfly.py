@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from engines.drafters.base import DraftContext, Proposal
 from engines.drafters.config import DraftConfig
 from engines.drafters.dflash import DFlashDrafter
+from engines.drafters.head import hot_rows
 from engines.model import RMSNorm, Transformer
+from engines.sampling import RowParam
 
 
 class Correction(nn.Module):
@@ -82,14 +84,14 @@ class DFlyDrafter(DFlashDrafter):
         assert self._table is not None
         return self._table
 
-    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: RowParam, top_p: RowParam,
                     generator: torch.Generator | None) -> Proposal:
         """h [B, k, H]: each slot's hidden is corrected with the draft before it, then read."""
         B, k = h.shape[:2]
         c, head = self.correction, self.draft_head
         pre = c.pre(h)                               # [B, k, 2I]
         prev = ctx.last_token
-        if self.sample_drafts and temperature > 0.0:
+        if bool(hot_rows(temperature, self.sample_drafts, B).any()):   # greedy rows among them: pick's one-hot q
             toks, confs, probs = [], [], []
             for j in range(k):
                 hj = c(h[:, j], pre[:, j], self.embed(prev))

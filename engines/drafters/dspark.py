@@ -29,7 +29,9 @@ from torch import Tensor, nn
 from engines.drafters.base import DraftContext, Proposal
 from engines.drafters.config import DraftConfig
 from engines.drafters.dflash import DFlashDrafter
+from engines.drafters.head import hot_rows
 from engines.model import Transformer
+from engines.sampling import RowParam
 
 MARKOV_RANK = 32
 
@@ -80,21 +82,22 @@ class DSparkDrafter(DFlashDrafter):
             self._rows = (head, w.detach().to(head.weight.dtype).contiguous())
         return self._rows[1]
 
-    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: float, top_p: float,
+    def draft_block(self, ctx: DraftContext, h: Tensor, temperature: RowParam, top_p: RowParam,
                     generator: torch.Generator | None) -> Proposal:
         """h [B, k, H]: each slot's logits get the Markov bias of the draft before it."""
-        k = h.shape[1]
+        B, k = h.shape[:2]
         head, rows = self.draft_head, self.markov_rows()
         base = head.logits(h)                                    # [B, k, N] fp32
-        sampling = self.sample_drafts and temperature > 0.0
+        hot = hot_rows(temperature, self.sample_drafts, B)      # [B] rows whose drafts are sampled
+        sampling = bool(hot.any())
         prev = ctx.last_token
         toks, confs, probs = [], [], []
         for j in range(k):
             e = self.markov_in(prev)                             # [B, r]
             z = base[:, j] + F.linear(e.to(rows.dtype), rows).float()
             prev, c, p = head.pick(z, temperature, top_p, sampling, generator)
-            if not sampling:   # the head was fitted to greedy acceptance; sampled drafts keep q(d)
-                c = torch.sigmoid(self.confidence(torch.cat([h[:, j], e.to(h.dtype)], -1)).float()[:, 0])
+            if not bool(hot.all()):   # the head was fitted to greedy acceptance; sampled drafts keep q(d)
+                c = torch.where(hot, c, torch.sigmoid(self.confidence(torch.cat([h[:, j], e.to(h.dtype)], -1)).float()[:, 0]))
             toks.append(prev)
             confs.append(c)
             probs.append(p)

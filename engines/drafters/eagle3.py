@@ -29,6 +29,7 @@ from engines.drafters.config import DraftConfig, default_target_layers
 from engines.drafters.layers import KVFn, empty_proposal
 from engines.drafters.mtp import MTPDrafter
 from engines.model import ForwardOut, Transformer
+from engines.sampling import RowParam
 
 
 class Eagle3Drafter(MTPDrafter):
@@ -98,7 +99,7 @@ class Eagle3Drafter(MTPDrafter):
         return kv_fn
 
     @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+    def propose(self, ctx: DraftContext, k: int, temperature: RowParam = 0.0, top_p: RowParam = 1.0,
                 generator: torch.Generator | None = None) -> Proposal:
         """A top-k tree of depth min(k, num_draft) (deterministic: lossless at any temperature through
         the tree rule; `conf` = each node's own draft probability)."""

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engines.sampling import logits_to_probs, sample
+from engines.sampling import RowParam, logits_to_probs, sample
 
 
 @dataclass
@@ -60,7 +60,7 @@ class DraftHead:
         out[..., self.ids] = probs
         return out
 
-    def pick(self, logits: Tensor, temperature: float, top_p: float, sample: bool,
+    def pick(self, logits: Tensor, temperature: RowParam, top_p: RowParam, sample: bool,
              generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """logits [B, N] -> (token ids [B], confidence [B], full draft distribution [B, V] | None).
         Greedy unless sampling drafts at temperature > 0; confidence = draft probability of the token."""
@@ -81,14 +81,34 @@ def draft_vocab_from_counts(counts: Tensor, size: int, always: Iterable[int] = (
     return ids.sort().values
 
 
-def pick_tokens(logits: Tensor, temperature: float, top_p: float, sample_drafts: bool,
+def hot_rows(temperature: RowParam, sample_drafts: bool, batch: int) -> Tensor:
+    """[batch] bool: the rows whose drafts are sampled (the drafter samples and their temperature is > 0)."""
+    if not sample_drafts:
+        return torch.zeros(batch, dtype=torch.bool)
+    if isinstance(temperature, Tensor):
+        return temperature.reshape(-1) > 0.0
+    return torch.full((batch,), temperature > 0.0)
+
+
+def pick_tokens(logits: Tensor, temperature: RowParam, top_p: RowParam, sample_drafts: bool,
                 generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """logits [B, V] -> (token [B], conf [B], probs [B, V] | None).
-    Greedy unless the drafter samples drafts and temperature > 0; conf = draft prob of the token."""
-    if sample_drafts and temperature > 0.0:
-        probs = logits_to_probs(logits, temperature, top_p)
-        tok = sample(probs, generator)
-        return tok, probs.gather(-1, tok[:, None]).squeeze(-1), probs
-    p = torch.softmax(logits.float(), dim=-1)
-    conf, tok = p.max(-1)
-    return tok, conf, None
+    Greedy unless the drafter samples drafts and temperature > 0; conf = draft prob of the token.
+    Per-row parameters ([B] tensors) let greedy and sampled rows share one call: a greedy row's
+    probs are the one-hot of its token (what greedy drafting means to verification)."""
+    hot = hot_rows(temperature, sample_drafts, logits.shape[0])
+    n_hot = int(hot.sum())
+    if n_hot == 0:
+        p = torch.softmax(logits.float(), dim=-1)
+        conf, tok = p.max(-1)
+        return tok, conf, None
+    if isinstance(temperature, Tensor):
+        temperature = torch.where(hot, temperature.float(), 1.0)   # greedy rows: anything > 0, replaced below
+    probs = logits_to_probs(logits, temperature, top_p)
+    tok = sample(probs, generator)
+    conf = probs.gather(-1, tok[:, None]).squeeze(-1)
+    if n_hot < logits.shape[0]:
+        g_conf, g_tok = torch.softmax(logits.float(), dim=-1).max(-1)
+        tok, conf = torch.where(hot, tok, g_tok), torch.where(hot, conf, g_conf)
+        probs = torch.where(hot[:, None], probs, torch.nn.functional.one_hot(g_tok, probs.shape[-1]).float())
+    return tok, conf, probs

@@ -25,6 +25,7 @@ from engines.drafters.layers import (
     write_valid,
 )
 from engines.model import ForwardOut, KVCache, RMSNorm, Transformer, causal_mask, init_weights, rope_cos_sin
+from engines.sampling import RowParam
 
 CACHE_SLACK = 64  # room for speculative chain entries past the target's max length
 
@@ -103,7 +104,7 @@ class MTPDrafter(Drafter):
         return self.last_out[ctx.slots]
 
     @torch.no_grad()
-    def propose(self, ctx: DraftContext, k: int, temperature: float = 0.0, top_p: float = 1.0,
+    def propose(self, ctx: DraftContext, k: int, temperature: RowParam = 0.0, top_p: RowParam = 1.0,
                 generator: torch.Generator | None = None) -> Proposal:
         B = ctx.slots.shape[0]
         if k <= 0:

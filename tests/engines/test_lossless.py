@@ -226,18 +226,22 @@ def _pair_counts(dec: SpecDecoder, ids: list[int], n: int, k: int, params: Calla
     return counts
 
 
-@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+@pytest.mark.parametrize("kind", ["mtp", "dfly", "dspark"])
 def test_mixed_temperature_batch_samples_each_row_exactly(demo, hot, kind):
-    """A batch mixing greedy rows, rows at (T=0.7, top-p 0.9) and rows at the tests' (T=1, top-p 0.95):
-    the drafter is called once per mode, each row drafting from q at its own settings. The T=1 rows
-    still follow the target's exact two-token distribution and the greedy rows stay greedy."""
+    """A batch mixing greedy rows, rows at (T=0.7, top-p 0.9) and rows at the tests' (T=1, top-p 0.95)
+    is drafted by ONE drafter call, each row from q at its own settings (greedy rows: one-hot q). The
+    T=1 rows and the T=0.7 rows each follow the target's exact two-token distribution at their own
+    settings, and the greedy rows stay greedy. (mtp: a chain; dfly and dspark: block drafters whose
+    greedy and sampled drafting take different paths.)"""
     target = demo.target
     ids, cells, enumerated = hot
+    warm_cells, warm_enumerated = _exact_pair_distribution(target, ids, 0.7, 0.9)
     greedy = demo.greedy(ids, 2)
-    hot_rows, n_greedy, n_warm, k = 60, 20, 20, 2
+    hot_rows, n_greedy, n_warm, k = 50, 10, 40, 2
     slots = hot_rows + n_greedy + n_warm
     dec = SpecDecoder(target, demo.drafter(kind), slots, len(ids) + 64)
     counts: dict[tuple[int, int], int] = {}
+    warm: dict[tuple[int, int], int] = {}
     n = 0
     for base in range(0, 600, hot_rows):
         params = ([SamplingParams(TEMPERATURE, TOP_P, seed=base + s) for s in range(hot_rows)]
@@ -259,8 +263,11 @@ def test_mixed_temperature_batch_samples_each_row_exactly(demo, hot, kind):
                 n += 1
             elif s < hot_rows + n_greedy:
                 assert_lossless(target, ids, outs[s][:2], greedy[:2], label=f"{kind} greedy row {s} of a mixed batch")
+            else:
+                warm[(outs[s][0], outs[s][1])] = warm.get((outs[s][0], outs[s][1]), 0) + 1
             dec.release(s)
-    _assert_follows(counts, n, cells, enumerated, f"{kind} (mixed batch)")
+    _assert_follows(counts, n, cells, enumerated, f"{kind} (mixed batch, T=1)")
+    _assert_follows(warm, sum(warm.values()), warm_cells, warm_enumerated, f"{kind} (mixed batch, T=0.7 top-p 0.9)")
 
 
 # --- several modes over one target (a multi-mode worker) -------------------------------------------

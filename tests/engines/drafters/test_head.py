@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from engines.drafters.head import DraftHead, draft_vocab_from_counts
+from engines.drafters.head import DraftHead, draft_vocab_from_counts, pick_tokens
 from engines.drafters.registry import load_drafter, save_drafter
 from engines.generate import ar_generate
-from engines.sampling import SamplingParams
+from engines.sampling import SamplingParams, logits_to_probs
 from engines.spec import SpecDecoder
 from specroute.errors import UserError
 
@@ -24,6 +24,29 @@ def test_draft_vocab_from_counts_keeps_the_most_frequent_and_the_forced_ids():
     assert draft_vocab_from_counts(counts, 3, always=[0]).tolist() == [0, 3, 4]   # ties: lower id first
     assert draft_vocab_from_counts(counts, 8).tolist() == list(range(8))
     assert draft_vocab_from_counts(counts, 0).tolist() == list(range(8))
+
+
+def test_pick_tokens_with_per_row_settings_matches_one_call_per_setting():
+    """Per-row temperature and top-p ([B]) let greedy and sampled rows share one drafting call: a greedy
+    row gets the argmax, its confidence and a one-hot q; a sampled row gets q at its own settings, the
+    same distribution as a call with that row's scalars (top-p 1: no truncation)."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    temperature, top_p = torch.tensor([0.0, 0.7, 1.0, 0.0]), torch.tensor([1.0, 0.9, 1.0, 1.0])
+    tok, conf, probs = pick_tokens(logits, temperature, top_p, True, torch.Generator().manual_seed(1))
+    assert probs is not None
+    for b in (0, 3):   # greedy rows
+        p = torch.softmax(logits[b], -1)
+        assert int(tok[b]) == int(p.argmax()) and torch.isclose(conf[b], p.max())
+        assert torch.equal(probs[b], torch.nn.functional.one_hot(tok[b], 50).float())
+    for b in (1, 2):   # sampled rows: q at the row's own settings, and the token's q as confidence
+        q = logits_to_probs(logits[b:b + 1], float(temperature[b]), float(top_p[b]))[0]
+        assert torch.allclose(probs[b], q, atol=1e-6) and float(q[tok[b]]) > 0 and torch.isclose(conf[b], q[tok[b]])
+    assert int((probs[1] > 0).sum()) < 50 == int((probs[2] > 0).sum())   # top-p 0.9 truncates row 1 only
+    none = pick_tokens(logits, torch.zeros(4), torch.ones(4), True, None)   # every row greedy: no q at all
+    assert none[2] is None and torch.equal(none[0], logits.argmax(-1))
+    off = pick_tokens(logits, temperature, top_p, False, None)   # a drafter that does not sample: greedy
+    assert off[2] is None
 
 
 def test_draft_head_maps_indices_and_distributions_back_to_the_vocabulary():
