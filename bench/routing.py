@@ -25,14 +25,16 @@ requests of the cell's first phase let learning (and the workers' caches) warm u
 closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean
 accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
 requests until 90% of the affected traffic is on the better pool (bench/routing_metrics.py), whether
-T=0 outputs are identical across arms, and suite totals. Writes `<name>.json`, `<name>.png` and the per-request
+T=0 outputs are identical across arms, and suite totals. `--repeats N` runs every cell's arms N rounds
+(the order rotated each round): an arm's figures are then its median round's, with every round's
+tokens/s beside them, and the suite totals count every round. Writes `<name>.json`, `<name>.png` and the per-request
 rows (texts of T=0 requests included) in `<name>-requests.jsonl.gz`.
 
 CPU: the workers, the gateway, Redis and the load generator share the machine; on a 2-core machine
 they compete, so absolute numbers are lower and noisier than on a larger one (the JSON records the
 CPU count and load averages).
 
-    specroute bench routing --out bench/results/                                   # full run
+    specroute bench routing --out bench/results/ --repeats 3                       # full run
     specroute bench routing --scenarios S1,S4 --arms all-dfly,learned --requests-per-scenario 20 \\
         --warmup-requests 10 --max-tokens 32 --name routing-smoke                 # smoke run
 """
@@ -58,6 +60,7 @@ from bench.routing_metrics import (
     better_pools,
     default_pools,
     identity,
+    median_round,
     regret,
     suite_totals,
     summarize,
@@ -108,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--degrade-noise", type=float, default=3.0, help="S4: noise on the DFly drafter (weight stds)")
     ap.add_argument("--bins", type=int, default=12, help="time slices of the per-cell series")
     ap.add_argument("--switch-window", type=int, default=50, help="affected requests per window of the 90%% test")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds per cell: every arm runs the cell's trace this many times, the arm order rotated "
+                         "each round; an arm's tokens/s is its median round's, the suite counts every round")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", default=None, help="process logs (default <out>/tmp/routing-logs)")
     return ap
@@ -154,11 +160,20 @@ def run_trace(system: System, arm: Arm, sc: Scenario, warm: list[TraceItem], tra
             time.sleep(0.3)
 
 
-def analyse(name: str, sc: Scenario, conc: int, rows: dict[str, list[dict[str, Any]]],
-            starts: dict[str, list[float]], bins: int, window: int) -> dict[str, Any]:
-    arms = {arm: {"summary": summarize(rs), "series": series(rs, bins), "phase_starts_s": starts[arm]}
+def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict[str, Any]]]],
+            starts: dict[str, list[list[float]]], bins: int, window: int) -> dict[str, Any]:
+    """One cell: per arm its median round (by output tokens/s; the lower of the middle two for an even
+    count) gives the summary, series and switch, with every round's tokens/s beside it; better pools
+    come from every round of the fleets, the T=0 identity compares every round of every arm."""
+    pick = {arm: median_round([summarize(rs)["output_tokens_per_s"] for rs in rr]) for arm, rr in rounds.items()}
+    rows = {arm: rr[pick[arm]] for arm, rr in rounds.items()}
+    arms = {arm: {"summary": summarize(rs), "series": series(rs, bins), "phase_starts_s": starts[arm][pick[arm]]}
             for arm, rs in rows.items()}
-    fleets = {a: rs for a, rs in rows.items() if a in FLEET_POOLS}
+    if any(len(rr) > 1 for rr in rounds.values()):
+        for arm, rr in rounds.items():
+            arms[arm]["rounds_output_tokens_per_s"] = [summarize(rs)["output_tokens_per_s"] for rs in rr]
+            arms[arm]["median_round"] = pick[arm] + 1
+    fleets = {a: [r for rs in rr for r in rs] for a, rr in rounds.items() if a in FLEET_POOLS}
     better = {ph: better_pools(fleets, ph) for ph in range(len(sc.phases))}
     change = 1 if len(sc.phases) > 1 and (name.startswith("S3") or sc.fault_at_phase is not None) else None
     if change is not None:
@@ -166,15 +181,16 @@ def analyse(name: str, sc: Scenario, conc: int, rows: dict[str, list[dict[str, A
             if arm in rows:
                 arms[arm]["switch"] = switch_point(rows[arm], change, default_pools(better[change]), better[change],
                                                    window)
-    t0_texts = {arm: {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
-                for arm, rs in rows.items()}
+    t0_texts = {arm if len(rr) == 1 else f"{arm}#{k + 1}":
+                {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
+                for arm, rr in rounds.items() for k, rs in enumerate(rr)}
     return {"cell": name, "scenario": sc.name, "title": sc.title, "concurrency": conc or None,
             "phases": [{"share": ph.share, "domains": dict(ph.domains),
                         "temperatures": {str(k): v for k, v in ph.temperatures.items()},
                         "non_english": ph.non_english, "concurrency": ph.concurrency or conc} for ph in sc.phases],
             "arms": arms, "regret": regret({a: v["summary"]["output_tokens_per_s"] for a, v in arms.items()}),
             "better_pools": {str(k): v for k, v in better.items()},
-            "t0_identity": identity(t0_texts, reference="all-ar")}
+            "t0_identity": identity(t0_texts, reference=next((a for a in t0_texts if a.split("#")[0] == "all-ar"), None))}
 
 
 def main(argv: list[str]) -> int:
@@ -182,8 +198,9 @@ def main(argv: list[str]) -> int:
     scenarios = parse_names(args.scenarios, list(SCENARIOS), "scenarios")
     arm_names = parse_names(args.arms, list(ARMS), "arms")
     levels = parse_levels(args.concurrency)
-    if args.requests_per_scenario < 2 or args.warmup_requests < 0 or args.max_tokens < 1:
-        raise UserError("--requests-per-scenario >= 2, --warmup-requests >= 0 and --max-tokens >= 1 please")
+    if args.requests_per_scenario < 2 or args.warmup_requests < 0 or args.max_tokens < 1 or args.repeats < 1:
+        raise UserError("--requests-per-scenario >= 2, --warmup-requests >= 0, --max-tokens >= 1 and --repeats >= 1 "
+                        "please")
     model = Path(args.model)
     if not (model / "config.json").is_file():
         raise UserError(f"no model bundle at {model}")
@@ -207,8 +224,8 @@ def main(argv: list[str]) -> int:
     load0 = os.getloadavg()
     t_start = time.time()
     system = System(model, log_dir, args.degrade_noise, args.seed)
-    rows: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name, _, _ in cells}
-    starts: dict[str, dict[str, list[float]]] = {name: {} for name, _, _ in cells}
+    rows: dict[str, dict[str, list[list[dict[str, Any]]]]] = {name: {} for name, _, _ in cells}   # per round
+    starts: dict[str, dict[str, list[list[float]]]] = {name: {} for name, _, _ in cells}
     try:
         system.start_redis()
         keys = list(dict.fromkeys(k for a in arm_names for ks in ARMS[a].pools.values() for k in ks))
@@ -218,16 +235,20 @@ def main(argv: list[str]) -> int:
         print(f"workers ready in {time.perf_counter() - t_w:.0f}s", flush=True)
         for c, (name, sc, _) in enumerate(cells):   # cell by cell: a cell's arms run minutes apart, not an hour
             warm, trace = traces[name]
-            for arm_name in arm_names[c % len(arm_names):] + arm_names[:c % len(arm_names)]:
-                arm = ARMS[arm_name]
-                system.start_gateway(arm)
-                t_c = time.perf_counter()
-                res, st = run_trace(system, arm, sc, warm, trace, args.max_tokens)
-                rows[name][arm_name] = [r.row(with_text=r.item.temperature == 0.0) for r in res]
-                starts[name][arm_name] = st
-                s = summarize(rows[name][arm_name])
-                print(f"{name:<8} {arm_name:<9} {s['output_tokens_per_s']:7.1f} tok/s  errors {s['errors']}  "
-                      f"shares {s['pool_shares']}  ({time.perf_counter() - t_c:.0f}s)", flush=True)
+            for rnd in range(args.repeats):
+                off = (c + rnd) % len(arm_names)
+                for arm_name in arm_names[off:] + arm_names[:off]:
+                    arm = ARMS[arm_name]
+                    system.start_gateway(arm)
+                    t_c = time.perf_counter()
+                    res, st = run_trace(system, arm, sc, warm, trace, args.max_tokens)
+                    got = [r.row(with_text=r.item.temperature == 0.0) for r in res]
+                    rows[name].setdefault(arm_name, []).append(got)
+                    starts[name].setdefault(arm_name, []).append(st)
+                    s = summarize(got)
+                    tag = f"{name} r{rnd + 1}" if args.repeats > 1 else name
+                    print(f"{tag:<8} {arm_name:<9} {s['output_tokens_per_s']:7.1f} tok/s  errors {s['errors']}  "
+                          f"shares {s['pool_shares']}  ({time.perf_counter() - t_c:.0f}s)", flush=True)
     finally:
         system.close()
 
@@ -240,7 +261,7 @@ def main(argv: list[str]) -> int:
                                                for a in arm_names},
                  "scenarios": scenarios, "concurrency": levels, "requests_per_scenario": args.requests_per_scenario,
                  "warmup_requests": args.warmup_requests, "max_tokens": args.max_tokens,
-                 "degrade_noise": args.degrade_noise, "seed": args.seed, "threads_per_worker": 1,
+                 "degrade_noise": args.degrade_noise, "seed": args.seed, "repeats": args.repeats, "threads_per_worker": 1,
                  "cpu_count": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                  "machine": platform.machine(), "python": platform.python_version(), "time": t_start,
                  "wall_s": round(time.time() - t_start, 1), "data_dir": str(data_dir()),
@@ -250,17 +271,23 @@ def main(argv: list[str]) -> int:
             "the target, the drafters and the classifier's final model were all trained without them",
             "all processes (2 workers x 1 torch thread, gateway, Redis, load generator) share the machine's CPUs",
             "per cell and arm: statistics deleted, then --warmup-requests unmeasured requests of the first phase",
-            "cell by cell: a cell's arms back to back, each on a fresh gateway, the arm order rotated per cell",
+            "cell by cell: a cell's arms back to back, each on a fresh gateway, the arm order rotated per cell "
+            "and per round",
+            f"{args.repeats} round(s) per cell and arm: an arm's figures are its median round's (by output tokens/s); "
+            "the suite totals count every round",
         ],
         "cells": results,
-        "suite": suite_totals({a: r["arms"][a]["summary"] for a in r["arms"]} for r in results),
+        "suite": suite_totals({a: summarize(rr[k]) for a, rr in by_arm.items()}
+                              for by_arm in rows.values() for k in range(args.repeats)),
     }
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
     with gzip.open(out / f"{args.name}-requests.jsonl.gz", "wt", encoding="utf-8") as f:
         for name, by_arm in rows.items():
-            for arm_name, rs in by_arm.items():
-                for r in rs:
-                    f.write(json.dumps({"cell": name, "arm": arm_name, **r}, ensure_ascii=False) + "\n")
+            for arm_name, rr in by_arm.items():
+                for k, rs in enumerate(rr):
+                    for r in rs:
+                        f.write(json.dumps({"cell": name, "arm": arm_name, "round": k + 1, **r}, ensure_ascii=False)
+                                + "\n")
     plot(report, out / f"{args.name}.png")
     print(table(report))
     print(f"wrote {out / (args.name + '.json')}, {out / (args.name + '.png')}")

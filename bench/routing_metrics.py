@@ -156,6 +156,12 @@ def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, 
     return out
 
 
+def median_round(tps: Sequence[float]) -> int:
+    """The index of the median of rounds' tokens/s (the lower of the middle two for an even count)."""
+    order = sorted(range(len(tps)), key=lambda i: (tps[i], i))
+    return order[(len(order) - 1) // 2]
+
+
 def regret(tps: Mapping[str, float]) -> dict[str, Any]:
     """Per arm: the shortfall against the best arm, in tokens/s and relative."""
     if not tps:

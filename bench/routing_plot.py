@@ -55,6 +55,8 @@ def table(report: dict[str, Any]) -> str:
             s = r["summary"]
             rel = reg.get(arm, {}).get("relative")
             extra = " ".join(f"{p}={v:.2f}" for p, v in s["pool_shares"].items())
+            if "rounds_output_tokens_per_s" in r:
+                extra += "  rounds " + "/".join(f"{x:.0f}" for x in r["rounds_output_tokens_per_s"])
             sw = r.get("switch")
             if sw and sw.get("affected_requests"):
                 extra += f"  switch@{sw['requests_until_90pct']}"

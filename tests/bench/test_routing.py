@@ -15,6 +15,7 @@ from bench.routing_metrics import (
     better_pools,
     default_pools,
     identity,
+    median_round,
     regret,
     suite_totals,
     summarize,
@@ -139,6 +140,13 @@ def test_better_pools_and_switch_point():
     assert none["affected_requests"] == 0 and none["requests_until_90pct"] is None
 
 
+def test_median_round_is_the_middle_round_or_the_lower_of_the_middle_two():
+    assert median_round([300.0]) == 0
+    assert median_round([310.0, 290.0, 400.0]) == 0
+    assert median_round([310.0, 290.0]) == 1
+    assert median_round([5.0, 5.0, 1.0, 9.0]) == 0   # ties: the earlier round
+
+
 def test_identity_counts_mismatches():
     texts = {"all-ar": {0: "a", 1: "b"}, "learned": {0: "a", 1: "c"}, "all-mtp": {0: "a"}}
     res = identity(texts, reference="all-ar")
@@ -156,17 +164,22 @@ def test_bench_routing_smoke(tmp_path):
     out = tmp_path / "out"
     rc = main(["--model", str(model), "--scenarios", "S4", "--arms", "all-dfly,learned", "--concurrency", "2",
                "--requests-per-scenario", "3", "--warmup-requests", "2", "--max-tokens", "8", "--out", str(out),
-               "--name", "r"])
+               "--name", "r", "--repeats", "2"])
     assert rc == 0
     doc = json.loads((out / "r.json").read_text())
     (cell,) = doc["cells"]
-    assert cell["cell"] == "S4@c2" and set(cell["arms"]) == {"all-dfly", "learned"}
+    assert cell["cell"] == "S4@c2" and set(cell["arms"]) == {"all-dfly", "learned"} and doc["meta"]["repeats"] == 2
     for res in cell["arms"].values():
         assert res["summary"]["errors"] == 0 and res["summary"]["output_tokens_per_s"] > 0
         assert len(res["phase_starts_s"]) == 2
-    assert cell["t0_identity"]["compared"] == 6 and cell["t0_identity"]["mismatches"] == 0
+        tps = res["rounds_output_tokens_per_s"]   # the summary is the lower of the two rounds
+        assert len(tps) == 2 and res["summary"]["output_tokens_per_s"] == min(tps) == tps[res["median_round"] - 1]
+    # every round of every arm against the first: 3 x 6 T=0 requests
+    assert cell["t0_identity"]["compared"] == 18 and cell["t0_identity"]["mismatches"] == 0
     assert (out / "r.png").stat().st_size > 1000
     with gzip.open(out / "r-requests.jsonl.gz", "rt") as f:
-        assert sum(1 for _ in f) == 12
+        got = [json.loads(line) for line in f]
+    assert len(got) == 24 and {(r["arm"], r["round"]) for r in got} == {(a, k) for a in ("all-dfly", "learned")
+                                                                          for k in (1, 2)}
     logs = (out / "tmp" / "routing-logs" / "worker-dfly-0.log").read_text()
     assert "drafter degraded" in logs and "drafter restored" in logs
