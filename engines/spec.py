@@ -58,6 +58,16 @@ class Timing:
     verify_calls: int = 0
 
 
+def backlog_groups(backlog: Sequence[int], steady: int) -> list[list[int]]:
+    """Rows of one drafter call by how much new context each brings ([B] positions): those with at most
+    `steady` (a step's worth), then those catching up on more (a prompt just prefilled, steps spent with
+    another drafter or none), each group one call padded to its own longest, so one new request's
+    300-token prompt does not pad seven steady rows' 4 positions to 300. One group when all are alike."""
+    short = [b for b, n in enumerate(backlog) if n <= steady]
+    long = [b for b, n in enumerate(backlog) if n > steady]
+    return [g for g in (short, long) if g]
+
+
 class SpecDecoder:
     """Target KV cache + per-slot state for batched speculative (or plain) decoding."""
 
@@ -217,7 +227,8 @@ class SpecDecoder:
     @torch.no_grad()
     def draft(self, slots: Sequence[int], k: int, use: Sequence[str | None] | None = None) -> Proposal | None:
         """ONE drafter pass proposing up to k tokens after each row's y0 (one per drafter when rows use
-        several; None when no row drafts). Rows in a mode without a drafter get width 0.
+        several, and one more for rows catching up on a long new context: `backlog_groups`; None when no
+        row drafts). Rows in a mode without a drafter get width 0.
         `use[b]`: the mode whose drafter drafts row b this step (None: its own; `PLAIN_STEP`: none; a row
         in a wide mode may use the narrowest mode's drafter, which catches up on what it has not seen)."""
         if k <= 0:
@@ -243,7 +254,11 @@ class SpecDecoder:
             t_d = time.perf_counter()
             ctx = self._context(drafter, [slots[b] for b in rows], [states[b] for b in rows])
             kd = min(k, drafter.max_draft, MAX_DRAFT)
-            parts.append((rows, self._propose(drafter, ctx, kd, [states[b] for b in rows])))
+            groups = backlog_groups(ctx.valid.sum(1).tolist(), 2 * kd + 2) if drafter.supports_dcut else [rows]
+            for g in groups:   # rows catching up on a prompt or a backlog apart: the others are not padded to it
+                sub = ctx if len(g) == len(rows) else ctx.subset(g)
+                parts.append(([rows[r] for r in g] if len(g) < len(rows) else rows,
+                              self._propose(drafter, sub, kd, [states[rows[r]] for r in g])))
             if ctx.feats.shape[1] <= 2 * kd + 2:   # a steady pass, not a catch-up on a prompt or a backlog
                 self.costs.observe_draft(drafter, (time.perf_counter() - t_d) * 1000.0)
         B = len(slots)

@@ -42,10 +42,11 @@ class DraftContext:
     start: Tensor        # [B]     n, the position of y0
 
     def subset(self, rows: Sequence[int]) -> DraftContext:
-        """The context of `rows` only (in that order)."""
+        """The context of `rows` only (in that order), its padding cut to their longest new context."""
         idx = torch.tensor(list(rows), dtype=torch.long)
-        return DraftContext(self.slots[idx], self.feats[idx], self.positions[idx], self.valid[idx],
-                            self.next_tokens[idx], self.last_token[idx], self.start[idx])
+        T = int(self.valid[idx].sum(1).max()) if len(rows) else 0   # valid positions are a prefix of each row
+        return DraftContext(self.slots[idx], self.feats[idx, :T], self.positions[idx, :T], self.valid[idx, :T],
+                            self.next_tokens[idx, :T], self.last_token[idx], self.start[idx])
 
 
 @dataclass

@@ -16,7 +16,7 @@ from engines.generate import ar_generate
 from engines.lossless import check_lossless
 from engines.model import ForwardOut, ModelConfig, Transformer, init_weights
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, spec_generate
+from engines.spec import SpecDecoder, backlog_groups, spec_generate
 from tests.lossless import assert_lossless
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -229,6 +229,55 @@ def _run_batch(dec: SpecDecoder, ps: list[list[int]], max_tokens: int, k: int, k
             outs[s] += row
         live = [s for s in live if len(outs[s]) < max_tokens]
     return [outs[s][:max_tokens] for s in range(len(ps))]
+
+
+def test_backlog_groups_keep_catching_up_rows_apart():
+    assert backlog_groups([4, 3, 4], 10) == [[0, 1, 2]]
+    assert backlog_groups([4, 300, 2, 11], 10) == [[0, 2], [1, 3]]
+    assert backlog_groups([300], 10) == [[0]] and backlog_groups([], 10) == []
+
+
+@pytest.mark.parametrize("kind", ["oracle", "mtp", "dfly"])
+def test_a_request_joining_a_running_batch_is_drafted_apart_and_stays_lossless(kind):
+    """Two rows decode; a third arrives with a 60-token prompt. Its first drafting pass takes the whole
+    prompt as new context: it gets a call of its own, and the steady rows' call is not padded to 60
+    positions. Every row stays greedy decoding."""
+    target = make_target()
+    ps = prompts(2, seed=5, lo=5, hi=12) + [torch.randint(3, TINY.vocab_size, (60,),
+                                                          generator=torch.Generator().manual_seed(9)).tolist()]
+    if kind == "oracle":
+        dec, k = oracle_decoder(target, 3, 160, corrupt=0.25), 4
+    else:
+        drafter = _real_drafter(kind, target, 8).eval()
+        dec, k = SpecDecoder(target, drafter, 3, 160), min(4, drafter.max_draft)
+    drafter = dec.drafter
+    assert drafter is not None
+    calls: list[tuple[list[int], int]] = []
+    propose = drafter.propose
+
+    def spy(ctx: DraftContext, *a, **kw) -> Proposal:
+        calls.append((ctx.slots.tolist(), int(ctx.feats.shape[1])))
+        return propose(ctx, *a, **kw)
+
+    drafter.propose = spy  # type: ignore[method-assign]
+    outs = {s: [dec.prefill(s, ps[s], GREEDY)] for s in (0, 1)}
+
+    def step(live: list[int]) -> None:
+        for s, row in zip(live, dec.verify(live, dec.draft(live, k), [k] * len(live)), strict=True):
+            outs[s] += row
+
+    for _ in range(3):
+        step([0, 1])
+    outs[2] = [dec.prefill(2, ps[2], GREEDY)]
+    calls.clear()
+    step([0, 1, 2])
+    new_context = {tuple(slots): t for slots, t in calls}   # rows of a call -> positions it is padded to
+    assert len(calls) == 2 and new_context[(2,)] == 60 and new_context[(0, 1)] <= k + 1   # a step's worth, not 60
+    while min(len(o) for o in outs.values()) < 24:
+        step([0, 1, 2])
+    for s, p in enumerate(ps):
+        ref = ar_generate(target, CharTok(), p, GREEDY, max_tokens=24, max_len=160).token_ids
+        assert_lossless(target, p, outs[s][:24], ref, label=f"{kind} row {s}")
 
 
 @pytest.mark.parametrize(("random_keep", "batched_prefill"), [(False, False), (True, False), (True, True)])
