@@ -1,7 +1,8 @@
 """Per-slot request state of a `SpecDecoder`: the request's sampling settings and generator, its
 mode's drafter (and the other drafters it may switch to step by step), its prefill progress and last
 emitted token, its acceptance record, and, per drafter, the target features of committed positions
-that drafter has not seen yet."""
+that drafter has not seen yet; and `backlog_groups`, how a drafter call splits its rows by how much of
+that they bring."""
 
 from __future__ import annotations
 
@@ -63,3 +64,13 @@ class SlotState:
         (`feats`: id(drafter) -> [B, T, F]), committed from position `start` on."""
         for d in self.drafters:
             self.pending_for(d).append(feats[id(d)][row, :upto], start, next_tokens)
+
+
+def backlog_groups(backlog: Sequence[int], steady: int) -> list[list[int]]:
+    """Rows of one drafter call by how much new context each brings ([B] positions): those with at most
+    `steady` (a step's worth), then those catching up on more (a prompt just prefilled, steps spent with
+    another drafter or none), each group one call padded to its own longest, so one new request's
+    300-token prompt does not pad seven steady rows' 4 positions to 300. One group when all are alike."""
+    short = [b for b, n in enumerate(backlog) if n <= steady]
+    long = [b for b, n in enumerate(backlog) if n > steady]
+    return [g for g in (short, long) if g]

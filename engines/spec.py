@@ -40,7 +40,7 @@ from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator
-from engines.slots import SlotState
+from engines.slots import SlotState, backlog_groups
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
 from engines.tree import verify_tree
@@ -56,16 +56,6 @@ class Timing:
     verify_s: float = 0.0
     draft_calls: int = 0
     verify_calls: int = 0
-
-
-def backlog_groups(backlog: Sequence[int], steady: int) -> list[list[int]]:
-    """Rows of one drafter call by how much new context each brings ([B] positions): those with at most
-    `steady` (a step's worth), then those catching up on more (a prompt just prefilled, steps spent with
-    another drafter or none), each group one call padded to its own longest, so one new request's
-    300-token prompt does not pad seven steady rows' 4 positions to 300. One group when all are alike."""
-    short = [b for b, n in enumerate(backlog) if n <= steady]
-    long = [b for b, n in enumerate(backlog) if n > steady]
-    return [g for g in (short, long) if g]
 
 
 class SpecDecoder:

@@ -16,7 +16,8 @@ from engines.generate import ar_generate
 from engines.lossless import check_lossless
 from engines.model import ForwardOut, ModelConfig, Transformer, init_weights
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, backlog_groups, spec_generate
+from engines.slots import backlog_groups
+from engines.spec import SpecDecoder, spec_generate
 from tests.lossless import assert_lossless
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
