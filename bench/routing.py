@@ -24,7 +24,8 @@ drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-req
 requests of the cell's first phase let learning (and the workers' caches) warm up, then the trace runs
 closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean
 accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
-requests until 90% of the affected traffic is on the better pool (bench/routing_metrics.py), whether
+requests until 90% of the affected traffic is on the better pool (by the router's label, and by the
+drafter that served most of each request's steps: bench/routing_metrics.py), whether
 T=0 outputs are identical across arms, and suite totals. `--repeats N` runs every cell's arms N rounds
 (the order rotated each round): an arm's figures are then its median round's, with every round's
 tokens/s beside them, and the suite totals count every round. Writes `<name>.json`, `<name>.png` and the per-request
@@ -62,6 +63,7 @@ from bench.routing_metrics import (
     identity,
     median_round,
     regret,
+    served_by,
     suite_totals,
     summarize,
     switch_point,
@@ -179,8 +181,10 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
     if change is not None:
         for arm in ("static", "learned", "learned-shared"):
             if arm in rows:
-                arms[arm]["switch"] = switch_point(rows[arm], change, default_pools(better[change]), better[change],
-                                                   window)
+                base = default_pools(better[change])
+                arms[arm]["switch"] = switch_point(rows[arm], change, base, better[change], window)
+                arms[arm]["switch_by_drafter"] = switch_point(rows[arm], change, base, better[change], window,
+                                                              on=served_by)
     t0_texts = {arm if len(rr) == 1 else f"{arm}#{k + 1}":
                 {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
                 for arm, rr in rounds.items() for k, rs in enumerate(rr)}

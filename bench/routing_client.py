@@ -5,7 +5,7 @@ machine the workers and the gateway share).
 Each request is `POST /v1/chat/completions` with `stream: true` and `stream_options.include_usage`;
 TTFT is the arrival of the first event with content, end-to-end the arrival of `[DONE]`; the final
 usage event carries the gateway's `specroute` object (pool, reason, domain, drafted / accepted
-tokens, verification steps).
+tokens, verification steps and those steps by the drafter that drafted them).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from bench.routing_trace import TraceItem
 
 # The gateway's decision, from the `specroute` object of the final usage event: (column of a row, key in
 # that object, type; missing keys read as the type's empty value).
-DECISION_COLUMNS: tuple[tuple[str, str, type[str] | type[int]], ...] = (
+DECISION_COLUMNS: tuple[tuple[str, str, type[str] | type[int] | type[dict]], ...] = (
     ("pool", "pool", str), ("reason", "reason", str), ("classified", "domain", str),
     ("drafted", "drafted_tokens", int), ("accepted", "accepted_tokens", int), ("steps", "steps", int),
+    ("drafter_steps", "steps_by_drafter", dict),
 )
 
 

@@ -2,7 +2,8 @@
 
 A row is one request as `bench.routing_client.Result.row` writes it: `index` (dispatch order),
 `phase`, `domain`, `temperature`, `t_send` / `t_first` / `t_end` (seconds from the cell's start), `ok`,
-`completion_tokens`, `pool`, `drafted`, `accepted`, `steps` and, at temperature 0, `text`.
+`completion_tokens`, `pool`, `drafted`, `accepted`, `steps`, `drafter_steps` (verification steps by
+the drafter that drafted them, or `plain`) and, at temperature 0, `text`.
 
 - output tokens/s: every completion token over the cell's span (first send to last end);
 - mean accepted length: tokens per verification step over the cell, (accepted + steps) / steps;
@@ -16,7 +17,10 @@ A row is one request as `bench.routing_client.Result.row` writes it: `index` (di
   (`DEFAULT_POOLS`: chat -> mtp, code and math -> dfly), i.e. the traffic learning has to move; the
   switch point is the first affected request from which a window of `window` affected requests has at
   least 90% on the better pool (0: right away; None: never), counted in affected requests and in all
-  requests since the change.
+  requests since the change. A request is on the pool the router labelled it with (`pool`), or, for the
+  switch by drafter, on what served most of its steps (`served_by`: on a worker serving both modes a
+  row labelled `dfly` may draft with MTP's drafter, or none, step by step; on a single-mode worker the
+  two agree unless D-Cut kept most steps plain).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from bench.routing_trace import temp_bucket
@@ -38,6 +42,17 @@ DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.polic
 def default_pools(classes: Iterable[str]) -> dict[str, str]:
     """class -> the pool the built-in default policy (learning off) sends it to."""
     return {c: DEFAULT_POOLS.get(c.split("|")[0], "mtp") for c in classes}
+
+
+def served_by(r: Row) -> str:
+    """What served a request: the drafter kind (or `plain`) behind most of its verification steps (the
+    first name in sorted order on a tie); its pool when the worker did not say."""
+    by = r.get("drafter_steps") or {}
+    return max(sorted(by), key=lambda k: by[k]) if by else str(r["pool"])
+
+
+def labelled_pool(r: Row) -> str:
+    return str(r["pool"])
 
 
 def pct(xs: Sequence[float], q: float) -> float | None:
@@ -63,8 +78,11 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
     tokens = sum(r["completion_tokens"] for r in ok)
     steps = sum(r["steps"] for r in ok)
     shares: dict[str, float] = defaultdict(float)
+    by_drafter: dict[str, float] = defaultdict(float)
     for r in ok:
         shares[r["pool"]] += 1.0 / len(ok)
+        for k, v in (r.get("drafter_steps") or {}).items():
+            by_drafter[k] += v / steps
     return {
         "requests": len(rows), "errors": len(rows) - len(ok), "output_tokens": tokens, "wall_s": round(wall, 3),
         "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
@@ -74,6 +92,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "e2e_p99_ms": _ms(pct([r["t_end"] - r["t_send"] for r in ok], 99)),
         "mean_accepted_length": round((sum(r["accepted"] for r in ok) + steps) / steps, 3) if steps else None,
         "pool_shares": {p: round(s, 4) for p, s in sorted(shares.items())},
+        "step_shares_by_drafter": {k: round(v, 4) for k, v in sorted(by_drafter.items())},
     }
 
 
@@ -134,9 +153,11 @@ def better_pools(fleets: Mapping[str, Sequence[Row]], phase: int) -> dict[str, s
 
 
 def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, str], after: Mapping[str, str],
-                 window: int = 50, target: float = 0.9) -> dict[str, Any]:
+                 window: int = 50, target: float = 0.9,
+                 on: Callable[[Row], str] = labelled_pool) -> dict[str, Any]:
     """When `target` of the affected traffic (classes whose better pool `after` is not their `baseline`
-    pool) after `change_phase` starts is on its better pool."""
+    pool) after `change_phase` starts is on its better pool (`on`: where a request counts as being:
+    `labelled_pool`, or `served_by`)."""
     affected_classes = sorted(c for c, p in after.items() if baseline.get(c) != p)
     post = sorted((r for r in rows if r["phase"] >= change_phase), key=lambda r: r["index"])
     aff = [r for r in post if traffic_class(r) in affected_classes]
@@ -144,7 +165,7 @@ def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, 
                            "requests_until_90pct": None, "affected_requests_until_90pct": None}
     if not aff:
         return out
-    good = [1.0 if r["pool"] == after[traffic_class(r)] else 0.0 for r in aff]
+    good = [1.0 if on(r) == after[traffic_class(r)] else 0.0 for r in aff]
     w = min(window, len(aff))
     for j in range(len(aff) - w + 1):
         if sum(good[j:j + w]) >= target * w - 1e-9:

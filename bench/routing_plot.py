@@ -60,6 +60,8 @@ def table(report: dict[str, Any]) -> str:
             sw = r.get("switch")
             if sw and sw.get("affected_requests"):
                 extra += f"  switch@{sw['requests_until_90pct']}"
+                sd = r.get("switch_by_drafter") or {}
+                extra += f" (by drafter @{sd.get('requests_until_90pct')})"
 
             def f(x: Any, nd: int = 0) -> str:
                 return "-" if x is None else f"{x:.{nd}f}"

@@ -19,7 +19,7 @@ from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
-from specroute.contracts.stats import AcceptanceStats
+from specroute.contracts.stats import PLAIN, AcceptanceStats
 
 
 @dataclass
@@ -91,5 +91,6 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
             break
         logits = decode_one(model, cache, 0, y)
         steps += 1
-    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, AcceptanceStats(steps=steps))
+    acceptance = AcceptanceStats(steps=steps, steps_by={PLAIN: steps} if steps else {})
+    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, acceptance)
     return GenerationResult(state.text, emitted, state.finish_reason, stats)

@@ -45,7 +45,7 @@ from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
 from engines.tree import verify_tree
 from engines.verify import verify_greedy, verify_sample
-from specroute.contracts.stats import AcceptanceStats
+from specroute.contracts.stats import PLAIN, AcceptanceStats
 
 MAX_DRAFT = 32  # widest draft a step may verify; the cache keeps this much headroom for pads
 
@@ -364,7 +364,7 @@ class SpecDecoder:
                 st.records[id(st.last_drafter)] = (steps + 1, toks + a + 1)
                 self.costs.observe_row(st.last_drafter, a + 1)
             st.y0 = row[-1]
-            st.stats.record_step(kept[b], a)
+            st.stats.record_step(kept[b], a, st.last_drafter.kind if st.last_drafter is not None else PLAIN)
             emitted.append(row)
         self.timing.verify_s += time.perf_counter() - t0
         self.timing.verify_calls += 1

@@ -155,7 +155,7 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
         if feats is not None:
             st.pending_for(dec.drafter).append(feats[b, idx], n, row)
         st.y0 = row[-1]
-        st.stats.record_step(int((depth[b, 1:] <= limit[b]).sum()), a)
+        st.stats.record_step(int((depth[b, 1:] <= limit[b]).sum()), a, dec.drafter.kind if dec.drafter else None)
         emitted.append(row)
     dec.timing.verify_s += time.perf_counter() - t0
     dec.timing.verify_calls += 1

@@ -125,7 +125,7 @@ def stats_pb(ev: Event) -> pb.SpecStats:
     s = ev.stats.acceptance
     return pb.SpecStats(drafted_tokens=s.drafted, accepted_tokens=s.accepted, steps=s.steps,
                         mean_accepted_length=s.mean_accepted_length,
-                        accepted_per_position=s.accepted_per_position)
+                        accepted_per_position=s.accepted_per_position, steps_by_drafter=s.steps_by)
 
 
 class EngineService(pb_grpc.EngineServicer):

@@ -111,6 +111,12 @@ class Collected:
             return 0, 0, 0
         return int(s.drafted_tokens), int(s.accepted_tokens), int(s.steps)
 
+    def steps_by_drafter(self) -> dict[str, int]:
+        """Verification steps by what drafted them (a drafter's kind, or `plain`); {} when the worker
+        cannot tell."""
+        s = self.stats
+        return {} if s is None else {k: int(v) for k, v in sorted(s.steps_by_drafter.items())}
+
     def mean_accepted_length(self) -> float:
         """The worker's mean accepted length, else the one its counts give."""
         s = self.stats
@@ -143,6 +149,7 @@ def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
         "accepted_tokens": accepted,
         "steps": steps,
         "mean_accepted_length": col.mean_accepted_length(),
+        "steps_by_drafter": col.steps_by_drafter(),
     }
 
 

@@ -55,18 +55,27 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class SpecStats(_message.Message):
-    __slots__ = ("drafted_tokens", "accepted_tokens", "steps", "mean_accepted_length", "accepted_per_position")
+    __slots__ = ("drafted_tokens", "accepted_tokens", "steps", "mean_accepted_length", "accepted_per_position", "steps_by_drafter")
+    class StepsByDrafterEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    STEPS_BY_DRAFTER_FIELD_NUMBER: _ClassVar[int]
     drafted_tokens: int
     accepted_tokens: int
     steps: int
     mean_accepted_length: float
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
+    steps_by_drafter: _containers.ScalarMap[str, int]
+    def __init__(self, drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., steps_by_drafter: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "num_tokens", "finish_reason", "prompt_tokens", "completion_tokens", "stats", "token_ids")

@@ -17,6 +17,7 @@ from bench.routing_metrics import (
     identity,
     median_round,
     regret,
+    served_by,
     suite_totals,
     summarize,
     switch_point,
@@ -138,6 +139,21 @@ def test_better_pools_and_switch_point():
     assert never["requests_until_90pct"] is None
     none = switch_point(rows, 1, before, before)
     assert none["affected_requests"] == 0 and none["requests_until_90pct"] is None
+
+
+def test_switch_by_the_drafter_that_served():
+    """A shared worker's row labelled dfly that drafted with MTP's drafter is on mtp by drafter."""
+    after = {"code|t=0": "mtp"}
+    narrowed = [{**row(i, "dfly", phase=1), "drafter_steps": {"mtp": 8, "dfly": 1, "plain": 1}} for i in range(60)]
+    assert {served_by(r) for r in narrowed} == {"mtp"}
+    assert switch_point(narrowed, 1, {"code|t=0": "dfly"}, after)["requests_until_90pct"] is None
+    assert switch_point(narrowed, 1, {"code|t=0": "dfly"}, after, on=served_by)["requests_until_90pct"] == 0
+    plain = {**row(0, "dfly"), "drafter_steps": {"dfly": 2, "plain": 8}}
+    assert served_by(plain) == "plain" and served_by(row(0, "mtp")) == "mtp"   # no breakdown: its label
+    assert served_by({**row(0, "dfly"), "drafter_steps": {"plain": 3, "mtp": 3}}) == "mtp"   # tie: sorted first
+    s = summarize([{**row(0, "dfly", steps=10), "drafter_steps": {"mtp": 6, "plain": 4}},
+                   {**row(1, "mtp", steps=10), "drafter_steps": {"mtp": 10}}])
+    assert s["step_shares_by_drafter"] == {"mtp": 0.8, "plain": 0.2}
 
 
 def test_median_round_is_the_middle_round_or_the_lower_of_the_middle_two():

@@ -80,6 +80,8 @@ def test_each_pool_runs_its_mode_on_the_one_worker(shared: Shared) -> None:
         assert h["x-specroute-pool"] == pool and h["x-specroute-reason"] == "pin"
         spec = body["specroute"]
         assert (spec["drafted_tokens"] == 0) == (pool == "ar"), spec
+        by = spec["steps_by_drafter"]   # one request alone: its own mode's drafter (or plain steps) served it
+        assert sum(by.values()) == spec["steps"] and set(by) <= {pool if pool != "ar" else "plain", "plain"}, spec
         texts[pool] = body["choices"][0]["message"]["content"]
     assert len(set(texts.values())) == 1, texts
     r = redis.Redis.from_url(shared.redis.url)

@@ -5,6 +5,8 @@ a mode the decoder does not serve is refused."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from torch import Tensor
@@ -122,20 +124,25 @@ def test_rows_switching_drafters_step_by_step_stay_exact():
     dec = multi_decoder(target, 4)
     ps = prompts(4, seed=7)
     modes = ["wide", "wide", "narrow", "ar"]
+    wide, narrow = dec.modes["wide"], dec.modes["narrow"]
+    wide.kind, narrow.kind = "wide", "narrow"   # what `steps_by` names them (a drafter class's kind)
     n, g = 40, random.Random(3)
     outs = {s: [dec.prefill_batch([s], [p], [SamplingParams()], [m])[0]] for s, (p, m) in enumerate(zip(ps, modes, strict=True))}
     live = list(range(4))
+    served: dict[int, Counter[str]] = {s: Counter() for s in live}
     while live:
         use = [g.choice(("narrow", PLAIN_STEP, None)) if modes[s] == "wide" else
                g.choice((PLAIN_STEP, None)) if modes[s] == "narrow" else None for s in live]
         rows = dec.verify(live, dec.draft(live, 8, use), [8] * len(live))
-        for s, row in zip(live, rows, strict=True):
+        for s, u, row in zip(live, use, rows, strict=True):
             outs[s] += row
+            served[s]["plain" if u == PLAIN_STEP or modes[s] == "ar" else u or modes[s]] += 1
         live = [s for s in live if len(outs[s]) < n]
+    for s in range(4):   # each step is counted for the drafter that drafted it, or as plain
+        assert dec.stats(s).steps_by == dict(served[s]), s
     for s, p in enumerate(ps):
         ref = ar_generate(target, CharTok(), p, SamplingParams(), max_tokens=n, max_len=160)
         assert_lossless(target, p, outs[s][:n], ref.token_ids, label=f"{modes[s]} row {s}")
-    wide, narrow = dec.modes["wide"], dec.modes["narrow"]
     assert set(dec.slots[0].records) == {id(wide), id(narrow)}     # both drafted for it, each counted
     with pytest.raises(EngineError, match="cannot draft"):
         dec.draft([3], 8, ["wide"])                                  # a plain row never drafts

@@ -42,17 +42,19 @@ def test_generate_request_and_classifier_input() -> None:
 def test_collected_spec_object_and_feedback() -> None:
     col = wire.Collected(ttft_s=0.01)
     col.add(chunk("Hel", num_tokens=1, prompt_tokens=4))
-    stats = engine_pb2.SpecStats(drafted_tokens=6, accepted_tokens=3, steps=2)
+    stats = engine_pb2.SpecStats(drafted_tokens=6, accepted_tokens=3, steps=2, steps_by_drafter={"mtp": 1, "plain": 1})
     col.add(chunk("lo", "length", num_tokens=1, completion_tokens=2, stats=stats))
     assert "".join(col.text) == "Hello" and col.usage() == {"prompt_tokens": 4, "completion_tokens": 2,
                                                            "total_tokens": 6}
     spec = wire.spec_object(D, "dfly", col)
     assert spec == {"domain": "chat", "pool": "dfly", "reason": "fallback", "drafted_tokens": 6,
-                    "accepted_tokens": 3, "steps": 2, "mean_accepted_length": 2.5}
+                    "accepted_tokens": 3, "steps": 2, "mean_accepted_length": 2.5,
+                    "steps_by_drafter": {"mtp": 1, "plain": 1}}
     rec = wire.feedback_record(D, "mtp", col, worker_s=0.05)
     assert (rec.tokens, rec.drafted, rec.accepted, rec.steps, rec.engine) == (2, 6, 3, 2, "gateway")
     assert rec.wall_ms == pytest.approx(50.0) and rec.ttft_ms == pytest.approx(10.0)
     assert wire.spec_object(D, "mtp", wire.Collected())["mean_accepted_length"] is None
+    assert wire.spec_object(D, "mtp", wire.Collected())["steps_by_drafter"] == {}
     assert wire.finish_reason("") == "stop" and wire.finish_reason("length") == "length"
     with pytest.raises(APIError) as e:
         wire.finish_reason("error")

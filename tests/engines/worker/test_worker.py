@@ -59,6 +59,7 @@ def test_streams_tokens_equal_to_plain_decoding(ar_worker, bundle):
     assert ids == ref.token_ids
     assert "".join(c.text for c in chunks) == ref.text
     assert final.stats.steps == len(ids) - 1 and final.stats.drafted_tokens == 0
+    assert dict(final.stats.steps_by_drafter) == {"plain": final.stats.steps}
 
 
 def test_info_load_health_and_metrics(ar_worker):
@@ -232,6 +233,8 @@ def test_dcut_worker_live_switch(bundle, start_worker, tmp_path):
     off = collect(w.stub, chat("hello there", 12))
     assert [t for c in on for t in c.token_ids] == [t for c in off for t in c.token_ids]
     assert off[-1].stats.drafted_tokens >= on[-1].stats.drafted_tokens
+    by = dict(off[-1].stats.steps_by_drafter)   # D-Cut off: DFly drafts
+    assert set(by) <= {"dfly", "plain"} and by.get("dfly", 0) > 0 and sum(by.values()) == off[-1].stats.steps
     assert w.stub.SetDcut(pb.SetDcutRequest(enabled=True)).dcut
 
 
