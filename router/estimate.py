@@ -53,9 +53,10 @@ from specroute.contracts.feedback import CellStats
 
 # engine kinds (InfoResponse.engine) that never draft: their pools are plain autoregressive decoding
 NON_SPECULATIVE_ENGINES = frozenset({"ar"})
-# knobs added with the v2 statistics: left out of the stored document while at their defaults, so a
-# gateway that does not know them (the document forbids unknown fields) still reads a new one
-V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens", "warmup_exploration")
+# knobs added with the v2 statistics and since: left out of the stored document while at their defaults,
+# so a gateway that does not know them (the document forbids unknown fields) still reads a new one
+V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens", "warmup_exploration",
+                      "drift_window_s", "drift_ratio", "drift_min_requests")
 
 
 class Learning(BaseModel):
@@ -77,6 +78,13 @@ class Learning(BaseModel):
     compute_bound_tokens: float = Field(default=256.0, gt=0.0, le=1e7,
                                         description="tokens per forward where a step turns compute-bound, for pools whose "
                                                     "workers do not report their own measurement")
+    drift_window_s: float = Field(default=30.0, ge=0.0, le=3600.0,
+                                  description="change detection (router/drift.py): the evidence of the last this many "
+                                              "seconds is compared with the older; 0 turns it off")
+    drift_ratio: float = Field(default=1.5, gt=1.0, le=100.0,
+                               description="tokens per step of recent and older evidence this far apart mark a change")
+    drift_min_requests: float = Field(default=8.0, ge=1.0, le=1e6,
+                                      description="requests each side needs before a change can be marked")
 
     @model_serializer(mode="wrap")
     def _omit_v2_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

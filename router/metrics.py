@@ -64,6 +64,11 @@ class Metrics:
             "specroute_pool_mean_accepted_length", "Decayed mean accepted length per domain x pool",
             ["domain", "pool"], registry=r,
         )
+        self.learning_shifts = Counter(
+            "specroute_learning_shifts_total",
+            "Changes detected in a domain x pool's statistics (then learned from on the evidence since)",
+            ["domain", "pool"], registry=r,
+        )
         self.fallbacks = Counter(
             "specroute_fallbacks_total", "Requests moved to another endpoint or pool", ["from", "to", "reason"],
             registry=r,

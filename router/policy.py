@@ -24,7 +24,9 @@ available the pool is `None` (`no_healthy_pool`).
 
 Learning reads the statistics of the request's context (`RequestContext`, its domain filled in
 here): full context, coarse context, domain and global levels, each shrunk toward the one above
-(router/estimate.py), so a sparse context follows its domain and a dense one stands on its own. The
+(router/estimate.py), so a sparse context follows its domain and a dense one stands on its own; a
+domain x pool whose recent evidence contradicts its past is read on the evidence since the change
+(router/drift.py, applied to the snapshot before it gets here). The
 expected goodput of a pool accounts for its current batch, whether it speculates at all (an `ar`
 pool is a candidate like any other) and how much its D-Cut drafts now:
 

@@ -5,6 +5,8 @@ awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`
 `stats_interval_s`: the per domain x pool cells, then the global and recent context cells,
 router/context_stats.py), and a pub/sub listener that applies a new policy the moment
 any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
+The pulls of the last `drift_window_s` seconds are kept for change detection (router/drift.py): a
+cell whose recent evidence disagrees with its past is learned from on what came since the change.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
 from router.context_stats import pull_context_cells
+from router.drift import Baselines, adjust
 from router.metrics import Metrics
 from router.policy import Policy
 from router.pools import PoolManager
@@ -37,8 +41,10 @@ class Snapshot:
     policy: Policy
     stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)  # (domain, pool), v1 cells
     fetched_at: float = 0.0  # local wall clock of the last successful pull (0 = never)
-    # what the policy learns from: `stats` plus the context and global cells, (level, pool)
+    # what the policy learns from: `stats` plus the context and global cells, (level, pool); a shifted
+    # group's cells cut to what came since its change (router/drift.py)
     cells: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
+    shifted: frozenset[tuple[str, str]] = frozenset()   # (domain or "*", pool) judged on evidence since a change
 
 
 class SnapshotSync:
@@ -54,6 +60,8 @@ class SnapshotSync:
         self.interval_s = interval_s
         self.redis_ok = False
         self.closing = False  # set on shutdown: both loops exit at their next check
+        self.history: deque[tuple[float, Mapping[tuple[str, str], CellStats]]] = deque()  # (Redis time, cells)
+        self.baselines: Baselines = {}
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Seed or read the stored policy, pull once, then start the refresh and listen tasks."""
@@ -99,7 +107,13 @@ class SnapshotSync:
         aged = {cell: s.decayed_to(now, hl) for cell, s in stats.items()}
         levels = await self._pull_levels()
         cells = {**aged, **{cell: s.decayed_to(now, hl) for cell, s in levels.items()}}
-        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), cells)
+        view = adjust(cells, self._window_start(now), self.baselines, now, hl, self.snapshot.policy.learning)
+        for group in view.baselines.keys() - self.baselines.keys():
+            log.info("learning: %s on %s changed; judged on the evidence since", *group)
+            self.metrics.learning_shifts.labels(*group).inc()
+        self.baselines = view.baselines
+        self.history.append((now, cells))
+        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), view.cells, view.shifted)
         for (d, p), s in aged.items():
             mal = s.mean_accepted_length
             if mal is not None:
@@ -107,6 +121,18 @@ class SnapshotSync:
         if not self.redis_ok:
             log.info("redis reachable")
         self.redis_ok = True
+
+    def _window_start(self, now: float) -> Mapping[tuple[str, str], CellStats] | None:
+        """The latest pull at least `drift_window_s` old (older ones dropped), or None."""
+        window = self.snapshot.policy.learning.drift_window_s
+        while len(self.history) > 1 and self.history[1][0] <= now - window:
+            self.history.popleft()
+        if self.history and self.history[0][0] > now - window:
+            return None
+        if self.history and now - self.history[0][0] > 3 * window:   # a gap in the pulls: too old to compare
+            self.history.clear()
+            return None
+        return self.history[0][1] if self.history else None
 
     async def _pull_levels(self) -> Mapping[tuple[str, str], CellStats]:
         """The context and global cells (none when the policy does not learn per context)."""

@@ -40,6 +40,7 @@ def stats_view(snap: Snapshot, decisions: DecisionCounts, redis_ok: bool, now: f
         "redis_ok": redis_ok,
         "cells": cells,
         "context_cells": levels,
+        "shifted": [{"domain": d, "pool": p} for d, p in sorted(snap.shifted)],
         "routing": routing_shares(decisions),
         "reasons": reasons,
     }

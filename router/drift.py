@@ -1,0 +1,129 @@
+"""Change detection on the learned statistics: a pool that changes stops being judged by its past.
+
+The statistics are exponentially decayed sums (half-life `Policy.half_life_s`, 300 s by default), a
+good memory for a steady pool and a slow one for a pool that changes: a drafter that goes bad keeps
+most of its good name for minutes, and the policy keeps sending traffic to it. The gateway therefore
+keeps the cells it pulled `drift_window_s` seconds ago. Because every cell is a decayed sum, the
+difference between a cell now and the same cell then, aged to now, is exactly what the workers
+reported in between:
+
+    older  = S_then * 0.5 ** (dt / h)          recent = S_now - older      (per field, at least 0)
+
+A (domain, pool) cell has *shifted* when `older` and `recent` each hold at least
+`drift_min_requests` requests and their tokens per verification step (the mean accepted length:
+acceptance and the drafts D-Cut still keeps, in one figure) differ by a factor of `drift_ratio` or
+more. From then on the cell is judged on what arrived since the change alone (`S_now` less the
+cells as they were at the start of that window, aged), and so are the context cells of the same
+domain and pool: their older evidence predates the change too, and with little recent evidence of
+their own they back off to the shifted domain figure (router/estimate.py). The mark stays while the
+policy moves traffic away (the evidence since the change decays, it does not vanish with the window)
+and is lifted when the pre-change evidence has decayed below `drift_min_requests` requests or agrees
+with what came since again (a drafter restored). The global level (every domain of a pool) is tested
+for itself only, since a change in the traffic mix moves it without anything being wrong with the
+pool. Learning counts requests, not tokens, as evidence (`evidence_per_request`), so this does too.
+
+Pure: no I/O, no clock; the gateway's snapshot (router/snapshot.py) supplies both pulls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from router.estimate import Learning
+from specroute.contracts.context import GLOBAL_LEVEL
+from specroute.contracts.feedback import STAT_FIELDS, CellStats
+
+Cells = Mapping[tuple[str, str], CellStats]   # (level, pool) -> decayed sums, all aged to one time
+
+
+def level_domain(level: str) -> str | None:
+    """The domain a statistics level belongs to (None for the global level)."""
+    if level == GLOBAL_LEVEL:
+        return None
+    if level.startswith("d="):
+        return level[2:].split("|", 1)[0]
+    return level
+
+
+def split(now: CellStats, then: CellStats | None, now_t: float, half_life_s: float) -> tuple[CellStats, CellStats]:
+    """(older, recent) parts of `now`: what `then` (a pull of the same cell, earlier) still weighs
+    at `now_t`, and what arrived since. A cell that was reset in between has no recent part."""
+    if then is None:
+        return CellStats(t=now_t), now
+    older = then.decayed_to(now_t, half_life_s)
+    if now.n < older.n - 1e-9:   # deleted or expired and written again: nothing to compare against
+        return CellStats(t=now_t), CellStats(t=now_t)
+    recent = {k: max(0.0, getattr(now, k) - getattr(older, k)) for k in STAT_FIELDS}
+    return older, CellStats(**recent, t=now_t)
+
+
+def has_shifted(older: CellStats, recent: CellStats, learning: Learning) -> bool:
+    """Recent evidence disagrees with the older: enough requests on both sides, and tokens per step
+    apart by `drift_ratio` or more."""
+    lo = learning.drift_min_requests
+    if older.n < lo or recent.n < lo:
+        return False
+    a, b = older.mean_accepted_length, recent.mean_accepted_length
+    if a is None or b is None:
+        return False
+    return max(a, b) >= learning.drift_ratio * min(a, b)
+
+
+Baselines = Mapping[tuple[str, str], Cells]   # shifted (domain or "*", pool) -> its cells before the change
+
+
+@dataclass(frozen=True, slots=True)
+class DriftView:
+    cells: dict[tuple[str, str], CellStats]   # what the policy learns from
+    baselines: dict[tuple[str, str], Cells]   # the shifted cells, with their cells before the change
+
+    @property
+    def shifted(self) -> frozenset[tuple[str, str]]:
+        return frozenset(self.baselines)
+
+
+def group_of(cell: tuple[str, str]) -> tuple[str, str]:
+    """The (domain or "*", pool) a (level, pool) cell is tested and marked with."""
+    d = level_domain(cell[0])
+    return (GLOBAL_LEVEL if d is None else d, cell[1])
+
+
+def adjust(now: Cells, then: Cells | None, baselines: Baselines, now_t: float, half_life_s: float,
+           learning: Learning) -> DriftView:
+    """The cells the policy should learn from (module docstring) and the shifted groups. `now`: the
+    cells just pulled; `then`: those pulled about `drift_window_s` ago (None: no such pull yet), all
+    aged to their pull's time; `baselines`: the previous view's."""
+    if learning.drift_window_s <= 0:
+        return DriftView(dict(now), {})
+    marks: dict[tuple[str, str], Cells] = {}
+    for group, base in baselines.items():   # keep a mark while the pre-change evidence still disagrees
+        head = now.get(group)
+        if head is None:
+            continue
+        older, since = split(head, base.get(group), now_t, half_life_s)
+        if older.n >= learning.drift_min_requests and not _agree(older, since, learning):
+            marks[group] = base
+    if then is not None:
+        for cell, s in now.items():
+            if cell in marks or cell[0].startswith("d=") or cell not in then:
+                continue
+            older, recent = split(s, then[cell], now_t, half_life_s)
+            if has_shifted(older, recent, learning):
+                marks[cell] = {c: v for c, v in then.items() if group_of(c) == cell}
+    if not marks:
+        return DriftView(dict(now), {})
+    out: dict[tuple[str, str], CellStats] = {}
+    for cell, s in now.items():
+        base = marks.get(group_of(cell))
+        out[cell] = s if base is None else split(s, base.get(cell), now_t, half_life_s)[1]
+    return DriftView(out, marks)
+
+
+def _agree(older: CellStats, since: CellStats, learning: Learning) -> bool:
+    """The evidence since a change matches the older again (enough of it, tokens per step within
+    `drift_ratio`)."""
+    if since.n < learning.drift_min_requests:
+        return False
+    a, b = older.mean_accepted_length, since.mean_accepted_length
+    return a is not None and b is not None and max(a, b) < learning.drift_ratio * min(a, b)
