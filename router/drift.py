@@ -3,31 +3,33 @@
 The statistics are exponentially decayed sums (half-life `Policy.half_life_s`, 300 s by default), a
 good memory for a steady pool and a slow one for a pool that changes: a drafter that goes bad keeps
 most of its good name for minutes, and the policy keeps sending traffic to it. The gateway therefore
-keeps the cells it pulled `drift_window_s` seconds ago. Because every cell is a decayed sum, the
-difference between a cell now and the same cell then, aged to now, is exactly what the workers
-reported in between:
+keeps what it pulled over the last `drift_window_s` seconds. Because every cell is a decayed sum, the
+difference between a cell now and the same cell at an earlier pull, aged to now, is exactly what the
+workers reported in between:
 
     older  = S_then * 0.5 ** (dt / h)          recent = S_now - older      (per field, at least 0)
 
-A (domain, pool) cell has *shifted* when `older` and `recent` each hold at least
-`drift_min_requests` requests and their tokens per verification step (the mean accepted length:
-acceptance and the drafts D-Cut still keeps, in one figure) differ by a factor of `drift_ratio` or
-more. From then on the cell is judged on what arrived since the change alone (`S_now` less the
-cells as they were at the start of that window, aged), and so are the context cells of the same
-domain and pool: their older evidence predates the change too, and with little recent evidence of
-their own they back off to the shifted domain figure (router/estimate.py). The mark stays while the
-policy moves traffic away (the evidence since the change decays, it does not vanish with the window)
-and is lifted when the pre-change evidence has decayed below `drift_min_requests` requests or agrees
-with what came since again (a drafter restored). The global level (every domain of a pool) is tested
-for itself only, since a change in the traffic mix moves it without anything being wrong with the
-pool. Learning counts requests, not tokens, as evidence (`evidence_per_request`), so this does too.
+For each domain x pool (and each pool's global cell) the earlier pull is the latest one since which
+at least `drift_min_requests` requests arrived: the newest evidence that is enough to judge, however
+busy the cell (a busy cell looks back a second, a quiet one up to the whole window). The cell has
+*shifted* when `older` holds as many requests too and the two parts' tokens per verification step
+(the mean accepted length: acceptance and the drafts D-Cut still keeps, in one figure) differ by a
+factor of `drift_ratio` or more. From then on the cell is judged on what arrived since that pull
+alone, and so are the context cells of the same domain and pool: their older evidence predates the
+change too, and with little recent evidence of their own they back off to the shifted domain figure
+(router/estimate.py). The mark stays while the policy moves traffic away (the evidence since the
+change decays, it does not vanish with the window) and is lifted when the pre-change evidence has
+decayed below `drift_min_requests` requests or agrees with what came since (a drafter restored). The
+global level is tested for itself only, since a change in the traffic mix moves it without anything
+being wrong with the pool. Learning counts requests, not tokens, as evidence (`evidence_per_request`),
+so this does too.
 
 Pure: no I/O, no clock; the gateway's snapshot (router/snapshot.py) supplies both pulls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from router.estimate import Learning
@@ -89,28 +91,36 @@ def group_of(cell: tuple[str, str]) -> tuple[str, str]:
     return (GLOBAL_LEVEL if d is None else d, cell[1])
 
 
-def adjust(now: Cells, then: Cells | None, baselines: Baselines, now_t: float, half_life_s: float,
+History = Sequence[tuple[float, Cells]]   # earlier pulls (time, cells), oldest first
+
+
+def adjust(now: Cells, history: History, baselines: Baselines, now_t: float, half_life_s: float,
            learning: Learning) -> DriftView:
     """The cells the policy should learn from (module docstring) and the shifted groups. `now`: the
-    cells just pulled; `then`: those pulled about `drift_window_s` ago (None: no such pull yet), all
-    aged to their pull's time; `baselines`: the previous view's."""
+    cells just pulled; `history`: earlier pulls, each aged to its own time; `baselines`: the previous
+    view's."""
     if learning.drift_window_s <= 0:
         return DriftView(dict(now), {})
+    lo = learning.drift_min_requests
     marks: dict[tuple[str, str], Cells] = {}
     for group, base in baselines.items():   # keep a mark while the pre-change evidence still disagrees
         head = now.get(group)
         if head is None:
             continue
         older, since = split(head, base.get(group), now_t, half_life_s)
-        if older.n >= learning.drift_min_requests and not _agree(older, since, learning):
+        if older.n >= lo and not _agree(older, since, learning):
             marks[group] = base
-    if then is not None:
-        for cell, s in now.items():
-            if cell in marks or cell[0].startswith("d=") or cell not in then:
-                continue
-            older, recent = split(s, then[cell], now_t, half_life_s)
-            if has_shifted(older, recent, learning):
-                marks[cell] = {c: v for c, v in then.items() if group_of(c) == cell}
+    for cell, s in now.items():
+        if cell in marks or cell[0].startswith("d=") or s.n < 2 * lo:
+            continue
+        for t, cells in reversed(history):   # the latest pull with enough evidence since
+            if now_t - t > learning.drift_window_s or cell not in cells:
+                break
+            older, recent = split(s, cells[cell], now_t, half_life_s)
+            if recent.n >= lo:
+                if has_shifted(older, recent, learning):
+                    marks[cell] = {c: v for c, v in cells.items() if group_of(c) == cell}
+                break
     if not marks:
         return DriftView(dict(now), {})
     out: dict[tuple[str, str], CellStats] = {}

@@ -78,12 +78,12 @@ class Learning(BaseModel):
     compute_bound_tokens: float = Field(default=256.0, gt=0.0, le=1e7,
                                         description="tokens per forward where a step turns compute-bound, for pools whose "
                                                     "workers do not report their own measurement")
-    drift_window_s: float = Field(default=30.0, ge=0.0, le=3600.0,
-                                  description="change detection (router/drift.py): the evidence of the last this many "
-                                              "seconds is compared with the older; 0 turns it off")
+    drift_window_s: float = Field(default=60.0, ge=0.0, le=600.0,
+                                  description="change detection (router/drift.py): how far back the newest evidence "
+                                              "may reach when it is compared with the older; 0 turns it off")
     drift_ratio: float = Field(default=1.5, gt=1.0, le=100.0,
                                description="tokens per step of recent and older evidence this far apart mark a change")
-    drift_min_requests: float = Field(default=8.0, ge=1.0, le=1e6,
+    drift_min_requests: float = Field(default=10.0, ge=1.0, le=1e6,
                                       description="requests each side needs before a change can be marked")
 
     @model_serializer(mode="wrap")

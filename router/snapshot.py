@@ -5,8 +5,9 @@ awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`
 `stats_interval_s`: the per domain x pool cells, then the global and recent context cells,
 router/context_stats.py), and a pub/sub listener that applies a new policy the moment
 any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
-The pulls of the last `drift_window_s` seconds are kept for change detection (router/drift.py): a
-cell whose recent evidence disagrees with its past is learned from on what came since the change.
+Pulls of the last `drift_window_s` seconds (at most `HISTORY_PULLS`) are kept for change detection
+(router/drift.py): a cell whose recent evidence disagrees with its past is learned from on what came
+since the change.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from specroute.contracts.feedback import CellStats
 log = logging.getLogger("specroute.gateway")
 
 REDIS_FAILURES = (TimeoutError, RedisError, OSError)
+HISTORY_PULLS = 60   # pulls kept for change detection (router/drift.py), spread over its window
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +109,13 @@ class SnapshotSync:
         aged = {cell: s.decayed_to(now, hl) for cell, s in stats.items()}
         levels = await self._pull_levels()
         cells = {**aged, **{cell: s.decayed_to(now, hl) for cell, s in levels.items()}}
-        view = adjust(cells, self._window_start(now), self.baselines, now, hl, self.snapshot.policy.learning)
+        learning = self.snapshot.policy.learning
+        view = adjust(cells, self.history, self.baselines, now, hl, learning)
         for group in view.baselines.keys() - self.baselines.keys():
             log.info("learning: %s on %s changed; judged on the evidence since", *group)
             self.metrics.learning_shifts.labels(*group).inc()
         self.baselines = view.baselines
-        self.history.append((now, cells))
+        self._remember(now, cells, learning.drift_window_s)
         self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), view.cells, view.shifted)
         for (d, p), s in aged.items():
             mal = s.mean_accepted_length
@@ -122,17 +125,13 @@ class SnapshotSync:
             log.info("redis reachable")
         self.redis_ok = True
 
-    def _window_start(self, now: float) -> Mapping[tuple[str, str], CellStats] | None:
-        """The latest pull at least `drift_window_s` old (older ones dropped), or None."""
-        window = self.snapshot.policy.learning.drift_window_s
-        while len(self.history) > 1 and self.history[1][0] <= now - window:
-            self.history.popleft()
-        if self.history and self.history[0][0] > now - window:
-            return None
-        if self.history and now - self.history[0][0] > 3 * window:   # a gap in the pulls: too old to compare
-            self.history.clear()
-            return None
-        return self.history[0][1] if self.history else None
+    def _remember(self, now: float, cells: Mapping[tuple[str, str], CellStats], window: float) -> None:
+        """Keep pulls over the last `window` seconds for change detection, at most `HISTORY_PULLS` of
+        them (spaced by window / HISTORY_PULLS): a bounded memory whatever the pull interval."""
+        while self.history and (self.history[0][0] < now - window or self.history[0][0] > now):
+            self.history.popleft()   # too old, or Redis' clock went back
+        if window > 0 and (not self.history or now - self.history[-1][0] >= window / HISTORY_PULLS):
+            self.history.append((now, cells))
 
     async def _pull_levels(self) -> Mapping[tuple[str, str], CellStats]:
         """The context and global cells (none when the policy does not learn per context)."""

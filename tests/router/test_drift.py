@@ -61,9 +61,9 @@ def test_split_and_level_domain():
 
 
 def test_has_shifted_needs_evidence_on_both_sides_and_a_real_gap():
-    assert has_shifted(cell(50, 0.7), cell(8, 0.0), LEARN)
-    assert not has_shifted(cell(50, 0.7), cell(7, 0.0), LEARN)      # too few recent requests
-    assert not has_shifted(cell(7, 0.7), cell(50, 0.0), LEARN)      # too little past to contradict
+    assert has_shifted(cell(50, 0.7), cell(10, 0.0), LEARN)
+    assert not has_shifted(cell(50, 0.7), cell(9, 0.0), LEARN)      # too few recent requests
+    assert not has_shifted(cell(9, 0.7), cell(50, 0.0), LEARN)      # too little past to contradict
     assert not has_shifted(cell(50, 0.7), cell(20, 0.55), LEARN)    # MAL 3.8 vs 3.2: noise, not a change
 
 
@@ -75,7 +75,7 @@ def test_a_degraded_drafter_is_judged_on_the_evidence_since_and_loses_the_traffi
     now[(CTX, "dfly")] = add(then[(CTX, "dfly")], cell(12, 0.0, k=1.0), 1030.0)
     now[("chat", "dfly")] = add(then[("chat", "dfly")], cell(10, 0.3), 1030.0)
     now[(GLOBAL_LEVEL, "dfly")] = add(then[(GLOBAL_LEVEL, "dfly")], cell(30, 0.15, k=2.0), 1030.0)
-    view = adjust(now, then, {}, 1030.0, HL, LEARN)
+    view = adjust(now, [(1000.0, then)], {}, 1030.0, HL, LEARN)
     assert view.shifted == {("code", "dfly"), (GLOBAL_LEVEL, "dfly")}   # every domain of dfly: MAL 3.3 -> 1.3
     assert abs(view.cells[("code", "dfly")].n - 20) < 1e-6 and view.cells[("code", "dfly")].accepted < 1e-6
     assert abs(view.cells[(CTX, "dfly")].n - 12) < 1e-6                # its context: the evidence since too
@@ -92,29 +92,45 @@ def test_a_degraded_drafter_is_judged_on_the_evidence_since_and_loses_the_traffi
     # another 30 s: traffic has left dfly, only 2 explored requests arrived; the mark holds
     later = aged(now, 1060.0)
     later[("code", "dfly")] = add(now[("code", "dfly")], cell(2, 0.0, k=1.0), 1060.0)
-    view2 = adjust(later, now, view.baselines, 1060.0, HL, LEARN)
+    view2 = adjust(later, [(1000.0, then), (1030.0, now)], view.baselines, 1060.0, HL, LEARN)
     assert ("code", "dfly") in view2.shifted and abs(view2.cells[("code", "dfly")].n - (20 * 0.5 ** (30 / HL) + 2)) < 1e-6
     assert decide(CODE, 0.0, view2.cells, pools, policy, random.Random(0), ctx).pool == "mtp"
 
     # the drafter is restored: 200 good requests since outweigh the bad ones and agree with the past
     fixed = aged(later, 1120.0)
     fixed[("code", "dfly")] = add(later[("code", "dfly")], cell(200, 0.7), 1120.0)
-    assert ("code", "dfly") not in adjust(fixed, None, view2.baselines, 1120.0, HL, LEARN).shifted
+    assert ("code", "dfly") not in adjust(fixed, [], view2.baselines, 1120.0, HL, LEARN).shifted
     # or the pre-change evidence has decayed away (an hour on): the whole cell applies again
     hour = aged(later, 4660.0)
-    assert adjust(hour, None, view2.baselines, 4660.0, HL, LEARN).shifted == frozenset()
+    assert adjust(hour, [], view2.baselines, 4660.0, HL, LEARN).shifted == frozenset()
+
+
+def test_the_newest_evidence_that_is_enough_to_judge_is_compared_with_the_rest():
+    """Pulls at 1000, 1025 and 1029: 60 good requests, then 12 bad, then 1 more by 1030. The latest
+    pull with >= 10 requests since is 1025's: 13 bad ones against everything before. Since 1000 the
+    good would have drowned them; the window bounds how far back the look may reach."""
+    key = ("code", "dfly")
+    p0 = {key: cell(100, 0.7)}
+    p1 = {key: add(p0[key], cell(60, 0.7), 1025.0)}
+    p2 = {key: add(p1[key], cell(12, 0.0, k=1.0), 1029.0)}
+    now = {key: add(p2[key], cell(1, 0.0, k=1.0), 1030.0)}
+    hist = [(1000.0, p0), (1025.0, p1), (1029.0, p2)]
+    view = adjust(now, hist, {}, 1030.0, HL, LEARN)
+    assert view.shifted == {key} and abs(view.cells[key].n - (12 * 0.5 ** (1 / HL) + 1)) < 1e-6
+    assert not has_shifted(*split(now[key], p0[key], 1030.0, HL), LEARN)   # 73 requests since 1000: no
+    assert adjust(now, hist, {}, 1030.0, HL, Learning(drift_window_s=3.0)).shifted == frozenset()
 
 
 def test_steady_evidence_is_left_alone_and_a_zero_window_turns_it_off():
     then = before()
     now = {c: add(s, cell(10, s.acceptance_rate or 0.0), 1030.0) for c, s in then.items()}
-    assert adjust(now, then, {}, 1030.0, HL, LEARN).shifted == frozenset()
+    assert adjust(now, [(1000.0, then)], {}, 1030.0, HL, LEARN).shifted == frozenset()
     bad = dict(now)
     bad[("code", "dfly")] = add(then[("code", "dfly")], cell(20, 0.0), 1030.0)
-    assert adjust(bad, then, {}, 1030.0, HL, LEARN).shifted == {("code", "dfly")}
+    assert adjust(bad, [(1000.0, then)], {}, 1030.0, HL, LEARN).shifted == {("code", "dfly")}
     off = Learning(drift_window_s=0.0)
-    assert adjust(bad, then, {}, 1030.0, HL, off).cells == bad
-    assert adjust(bad, None, {}, 1030.0, HL, LEARN).shifted == frozenset()   # no earlier pull yet
+    assert adjust(bad, [(1000.0, then)], {}, 1030.0, HL, off).cells == bad
+    assert adjust(bad, [], {}, 1030.0, HL, LEARN).shifted == frozenset()   # no earlier pull yet
 
 
 async def _ask_code(c: httpx.AsyncClient) -> str:
