@@ -19,12 +19,13 @@ alone, and so are the context cells of the same domain and pool: their older evi
 change too, and with little recent evidence of their own they back off to the shifted domain figure
 (router/estimate.py). The mark stays while the policy moves traffic away (the evidence since the
 change decays, it does not vanish with the window) and is lifted when the pre-change evidence has
-decayed below `drift_min_requests` requests or agrees with what came since (a drafter restored). The
-global level is tested for itself only, since a change in the traffic mix moves it without anything
-being wrong with the pool. Learning counts requests, not tokens, as evidence (`evidence_per_request`),
-so this does too.
+decayed below `drift_min_requests` requests, or when it agrees (tokens per step within
+`drift_ratio`) with everything since the change or with the newest evidence (a drafter restored, a
+load surge over). The global level is tested for itself only, since a change in the traffic mix
+moves it without anything being wrong with the pool. Learning counts requests, not tokens, as
+evidence (`evidence_per_request`), so this does too.
 
-Pure: no I/O, no clock; the gateway's snapshot (router/snapshot.py) supplies both pulls.
+Pure: no I/O, no clock; the gateway's snapshot (router/snapshot.py) supplies the pulls.
 """
 
 from __future__ import annotations
@@ -107,20 +108,18 @@ def adjust(now: Cells, history: History, baselines: Baselines, now_t: float, hal
         head = now.get(group)
         if head is None:
             continue
-        older, since = split(head, base.get(group), now_t, half_life_s)
-        if older.n >= lo and not _agree(older, since, learning):
+        before, since = split(head, base.get(group), now_t, half_life_s)
+        if before.n < lo or _agree(before, since, learning):
+            continue
+        newest = _newest(group, head, history, now_t, half_life_s, learning)
+        if newest is None or not _agree(before, newest[2], learning):   # not back to what it was
             marks[group] = base
     for cell, s in now.items():
         if cell in marks or cell[0].startswith("d=") or s.n < 2 * lo:
             continue
-        for t, cells in reversed(history):   # the latest pull with enough evidence since
-            if now_t - t > learning.drift_window_s or cell not in cells:
-                break
-            older, recent = split(s, cells[cell], now_t, half_life_s)
-            if recent.n >= lo:
-                if has_shifted(older, recent, learning):
-                    marks[cell] = {c: v for c, v in cells.items() if group_of(c) == cell}
-                break
+        newest = _newest(cell, s, history, now_t, half_life_s, learning)
+        if newest is not None and has_shifted(newest[1], newest[2], learning):
+            marks[cell] = {c: v for c, v in newest[0].items() if group_of(c) == cell}
     if not marks:
         return DriftView(dict(now), {})
     out: dict[tuple[str, str], CellStats] = {}
@@ -128,6 +127,19 @@ def adjust(now: Cells, history: History, baselines: Baselines, now_t: float, hal
         base = marks.get(group_of(cell))
         out[cell] = s if base is None else split(s, base.get(cell), now_t, half_life_s)[1]
     return DriftView(out, marks)
+
+
+def _newest(cell: tuple[str, str], s: CellStats, history: History, now_t: float, half_life_s: float,
+            learning: Learning) -> tuple[Cells, CellStats, CellStats] | None:
+    """The latest pull within the window since which `drift_min_requests` requests arrived in `cell`,
+    with the cell's (older, recent) parts against it; None when there is no such pull."""
+    for t, cells in reversed(history):
+        if now_t - t > learning.drift_window_s or cell not in cells:
+            return None
+        older, recent = split(s, cells[cell], now_t, half_life_s)
+        if recent.n >= learning.drift_min_requests:
+            return cells, older, recent
+    return None
 
 
 def _agree(older: CellStats, since: CellStats, learning: Learning) -> bool:

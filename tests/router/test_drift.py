@@ -100,6 +100,14 @@ def test_a_degraded_drafter_is_judged_on_the_evidence_since_and_loses_the_traffi
     fixed = aged(later, 1120.0)
     fixed[("code", "dfly")] = add(later[("code", "dfly")], cell(200, 0.7), 1120.0)
     assert ("code", "dfly") not in adjust(fixed, [], view2.baselines, 1120.0, HL, LEARN).shifted
+    # or the newest evidence alone is back to what it was before the change (12 good requests)
+    back = aged(later, 1070.0)
+    back[("code", "dfly")] = add(later[("code", "dfly")], cell(12, 0.7), 1070.0)
+    hist = [(1000.0, then), (1030.0, now), (1060.0, later)]
+    assert ("code", "dfly") not in adjust(back, hist, view2.baselines, 1070.0, HL, LEARN).shifted
+    still = aged(later, 1070.0)   # ... but not while it is still bad
+    still[("code", "dfly")] = add(later[("code", "dfly")], cell(12, 0.05), 1070.0)
+    assert ("code", "dfly") in adjust(still, hist, view2.baselines, 1070.0, HL, LEARN).shifted
     # or the pre-change evidence has decayed away (an hour on): the whole cell applies again
     hour = aged(later, 4660.0)
     assert adjust(hour, [], view2.baselines, 4660.0, HL, LEARN).shifted == frozenset()
