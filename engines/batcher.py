@@ -154,6 +154,17 @@ class Batcher:
         """Run `fn` on the model thread between two steps (e.g. to change weights safely)."""
         self._inbox.put(("call", fn))
 
+    def drafter_changed(self, drafter: Any) -> None:
+        """On the model thread, after `drafter`'s weights changed: D-Cut and the decoder forget what they
+        learned of its acceptance, and so do the running rows' records (engines/worker/degrade.py)."""
+        if self.dcut is not None:
+            self.dcut.forget_acceptance()
+        forget = getattr(self.decoder, "forget_drafter", None)
+        if forget is not None:
+            forget(drafter)
+        for a in self._running:
+            a.drafted_steps = a.drafted_tokens = 0
+
     def set_dcut(self, on: bool) -> bool:
         if self.dcut is None:
             return False

@@ -134,6 +134,11 @@ class ModeCosts:
         w = max(EMA, 1.0 / n)
         self.mean_tokens[k] = (1 - w) * self.mean_tokens.get(k, 0.0) + w * tokens
 
+    def forget(self, drafter: Any) -> None:
+        """`drafter`'s weights changed: drop what its rows emitted (its pass time still holds)."""
+        self.mean_tokens.pop(id(drafter), None)
+        self.rows_seen.pop(id(drafter), None)
+
     def expected(self, record: tuple[int, int] | None, drafter: Any) -> float:
         """Tokens a step with `drafter` should emit for a row whose record with it is (steps, tokens)."""
         prior = self.mean_tokens.get(id(drafter), 1.0 + 0.3 * float(drafter.max_draft))

@@ -213,6 +213,12 @@ class SpecDecoder:
         """Largest keep the slot's context allows: positions n..n+keep must stay < max_len."""
         return max(0, self.max_len - 1 - self.length(slot))
 
+    def forget_drafter(self, drafter: Drafter) -> None:
+        """`drafter`'s weights changed: what its rows' records and the step's cost model learned of it goes."""
+        self.costs.forget(drafter)
+        for st in self.slots.values():
+            st.records.pop(id(drafter), None)
+
     # --- one speculative step ------------------------------------------------------------------
     @torch.no_grad()
     def draft(self, slots: Sequence[int], k: int, use: Sequence[str | None] | None = None) -> Proposal | None:

@@ -106,6 +106,19 @@ class DcutController:
             self.plain_run.clear()
             self.probe_every.clear()
 
+    def forget_acceptance(self) -> None:
+        """The drafter's weights changed (a new drafter, a fault, a restore): what was learned of its
+        acceptance and confidence no longer holds, so start again from the optimistic prior and probe
+        at once (the profiled and measured costs stay: the drafter's shape did not change)."""
+        with self._lock:
+            self.calibration = Calibration.empty(self.k)
+            self.kept_fraction_ema = 1.0
+            self.fleet_rows = self.fleet_tokens = 0.0
+            self.bucket_rows.clear()
+            self.bucket_tokens.clear()
+            self.plain_run.clear()
+            self.probe_every.clear()
+
     def draft_ms(self, bs: int) -> float:
         """Predicted drafting time of one step at batch size `bs` (profile x measured scale, else the
         measured non-verify overhead)."""

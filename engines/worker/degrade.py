@@ -13,7 +13,10 @@ should notice through the acceptance feedback and move traffic away. Triggers:
 accepted length from 3.2 to 1.9, 4 to 1.05): Gaussian noise of X times each weight tensor's standard
 deviation is added to the drafter's own weights (never to the target's embedding or LM head, which the
 drafter shares). The change runs on the batcher's model thread between two steps (`Batcher.call_soon`),
-so no step sees half-changed weights. Workers without a drafter (`ar`, `null`, `vllm`) log and ignore.
+so no step sees half-changed weights; after either, the batcher forgets what D-Cut and the step's
+cost model learned of the drafter's acceptance (`Batcher.drafter_changed`), as after any change of
+weights: a restored drafter drafts again at once instead of waiting out the probe interval D-Cut grew
+while it was bad. Workers without a drafter (`ar`, `null`, `vllm`) log and ignore.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,15 +85,23 @@ def install(settings: Any, backend: Any, loop: asyncio.AbstractEventLoop) -> Dra
     fault = drafter_fault(backend, getattr(settings, "degrade_mode", None))
     noise = float(getattr(settings, "degrade_drafter_noise", 3.0))
 
-    def degrade() -> None:
-        if fault is None:
-            log.warning("no drafter on this worker: nothing to degrade")
+    def on_model_thread(change: Callable[[DrafterFault], None]) -> None:
+        f = fault
+        if f is None:
+            log.warning("no drafter on this worker: nothing to degrade or restore")
             return
-        backend.batcher.call_soon(lambda: fault.degrade(noise))
+
+        def run() -> None:
+            change(f)
+            backend.batcher.drafter_changed(f.drafter)
+
+        backend.batcher.call_soon(run)
+
+    def degrade() -> None:
+        on_model_thread(lambda f: f.degrade(noise))
 
     def restore() -> None:
-        if fault is not None:
-            backend.batcher.call_soon(fault.restore)
+        on_model_thread(DrafterFault.restore)
 
     for sig, fn in ((signal.SIGUSR1, degrade), (signal.SIGUSR2, restore)):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

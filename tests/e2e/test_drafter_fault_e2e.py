@@ -33,7 +33,8 @@ CODE_PROMPTS = [
 CHAT = "Tell me about your favourite season and why."
 WINDOW = 10
 # the issue's bound: 90% of the affected traffic on the better pool within 200 requests (measured: 83
-# code requests on a loaded 2-core machine, the statistics' half-life being 300 s of wall time)
+# code requests on a loaded 2-core machine, the statistics' half-life being 300 s of wall time; 17 on
+# a quiet one in session 10, where the 11 requests before the fault weigh little)
 LIMIT = 200
 
 
