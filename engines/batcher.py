@@ -159,9 +159,7 @@ class Batcher:
         learned of its acceptance, and so do the running rows' records (engines/worker/degrade.py)."""
         if self.dcut is not None:
             self.dcut.forget_acceptance()
-        forget = getattr(self.decoder, "forget_drafter", None)
-        if forget is not None:
-            forget(drafter)
+        self.decoder.forget_drafter(drafter)
         for a in self._running:
             a.drafted_steps = a.drafted_tokens = 0
 

@@ -162,16 +162,21 @@ class Endpoint:
             if resp.status != health_pb2.HealthCheckResponse.SERVING:
                 raise RuntimeError(f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}")
             now = time.monotonic()
-            if self.info is None or not self.healthy or now - self.info_at >= self.info_interval_s:
+            info = self.info
+            if info is None or not self.healthy or now - self.info_at >= self.info_interval_s:
                 info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout)
+            if not self.offers_mode(info):
+                raise RuntimeError(f"the worker does not serve mode {self.mode!r} "
+                                   f"(it serves {', '.join(m.engine for m in info.modes) or info.engine})")
+            load = await self.stub.Load(engine_pb2.LoadRequest(), timeout=timeout)
+            # what the check learned is published at once, with no await in between: a restarted worker's
+            # new model is never listed (/v1/models) while its endpoint still reads unhealthy
+            if info is not self.info:
                 if self.info is not None and (info.model_id, info.engine) != (self.info.model_id, self.info.engine):
                     log.info("endpoint %s/%s now serves %s (%s), was %s (%s)", self.pool, self.address,
                              info.model_id, info.engine, self.info.model_id, self.info.engine)
                 self.info, self.info_at = info, now
-            if not self.offers_mode(self.info):
-                raise RuntimeError(f"the worker does not serve mode {self.mode!r} "
-                                   f"(it serves {', '.join(m.engine for m in self.info.modes) or self.info.engine})")
-            self.load = await self.stub.Load(engine_pb2.LoadRequest(), timeout=timeout)
+            self.load = load
             if not self.healthy:
                 log.info("endpoint %s/%s is healthy", self.pool, self.address)
             self.healthy = True

@@ -44,6 +44,7 @@ class FakeConfig:
     redis_url: str | None = None
     coalesce: bool = True  # honour GenerateRequest.coalesce (False: an old worker, one chunk per token)
     chunk_tokens: int = 1  # tokens per streamed chunk after the first (a speculative engine, or a busy worker)
+    load_delay_s: float = 0.0  # before answering Load (a busy worker's slow health check)
 
 
 class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
@@ -65,6 +66,8 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         )
 
     async def Load(self, request: engine_pb2.LoadRequest, context: grpc.aio.ServicerContext) -> engine_pb2.LoadResponse:
+        if self.cfg.load_delay_s:
+            await asyncio.sleep(self.cfg.load_delay_s)
         return engine_pb2.LoadResponse(running=self.running, waiting=0, max_running=8)
 
     async def Generate(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]

@@ -49,7 +49,9 @@ async def test_restarted_worker_with_another_model_is_seen_on_reconnect() -> Non
             assert "model-a" in await _models(c)
             await old.stop()
             await asyncio.sleep(0.3)  # the health check sees it gone
-            new = await FakeEngine(FakeConfig(model_id="model-b", engine="dfly"), port=port).start()
+            # a slow Load: the check that learns the new model finishes a while after its Info call (as on a
+            # loaded machine); the new model must not be listed before the endpoint can serve it
+            new = await FakeEngine(FakeConfig(model_id="model-b", engine="dfly", load_delay_s=0.3), port=port).start()
 
             async def swapped() -> bool:
                 return "model-b" in await _models(c)
