@@ -47,12 +47,24 @@ CHANNEL_OPTIONS = [
 ]
 
 
+class WorkerLoad:
+    """Requests this gateway has in flight to one worker address, from every pool: pools may share
+    workers (one multi-mode worker serving the `mtp` and `dfly` pools), and balancing each pool on its
+    own requests alone would stack one pool's rows on the worker that is busy with another's."""
+
+    __slots__ = ("inflight",)
+
+    def __init__(self) -> None:
+        self.inflight = 0
+
+
 class Endpoint:
     def __init__(self, pool: str, address: str, breaker_failures: int, breaker_cooldown_s: float,
-                 info_interval_s: float = 10.0, mode: str = "") -> None:
+                 info_interval_s: float = 10.0, mode: str = "", worker: WorkerLoad | None = None) -> None:
         self.pool = pool
         self.address = address
         self.mode = mode    # engine mode asked of the worker ("": its default)
+        self.worker = worker if worker is not None else WorkerLoad()   # shared by the pools on this address
         # channels bind to the running event loop: created in `connect()` (from PoolManager.start)
         self.channel: grpc.aio.Channel | None = None
         self.stub: engine_pb2_grpc.EngineStub = None  # type: ignore[assignment]
@@ -121,6 +133,7 @@ class Endpoint:
         """A request starts here; returns whether it is the half-open breaker's trial request (which
         keeps every other request away until `release`, `record_success` or `record_failure`)."""
         self.inflight += 1
+        self.worker.inflight += 1
         if self.failures >= self.breaker_failures:
             self.trial = True
             return True
@@ -129,6 +142,7 @@ class Endpoint:
     def release(self, trial: bool) -> None:
         """The request started by `acquire` is over (its outcome recorded, or none: e.g. cancelled)."""
         self.inflight -= 1
+        self.worker.inflight -= 1
         if trial:
             self.trial = False
 
@@ -152,7 +166,7 @@ class Endpoint:
         cap = (self.load.max_running if self.load is not None else 0) or (
             self.info.max_running if self.info is not None else 0
         )
-        return max(self.inflight, remote) / max(cap, 1)
+        return max(self.worker.inflight, remote) / max(cap, 1)
 
     async def check(self, timeout: float) -> None:
         """One health check: grpc.health.v1 Check, then Info (when not known, when the endpoint comes
@@ -253,8 +267,11 @@ class PoolManager:
         modes = dict(modes or {})   # pool -> engine mode its endpoints ask for
 
         # `dns:///HOST:PORT` members: one endpoint per resolved address, kept current (router/discovery.py)
+        workers: dict[str, WorkerLoad] = {}   # address -> what every pool has in flight there
+
         def endpoint(pool: str, address: str) -> Endpoint:
-            return Endpoint(pool, address, breaker_failures, breaker_cooldown_s, info_interval_s, modes.get(pool, ""))
+            return Endpoint(pool, address, breaker_failures, breaker_cooldown_s, info_interval_s, modes.get(pool, ""),
+                            workers.setdefault(address, WorkerLoad()))
 
         static, self.discovery = DnsDiscovery.split(pools, endpoint, resolver, dns_refresh_s)
         self.pools: dict[str, list[Endpoint]] = {

@@ -153,3 +153,22 @@ def test_half_open_breaker_lets_one_trial_through(monkeypatch: pytest.MonkeyPatc
     e.release(trial)
     assert e.breaker_state == "closed" and e.available(now[0])
     assert not e.acquire() and e.available(now[0])  # closed: no trial bookkeeping
+
+
+def test_pools_sharing_workers_balance_on_every_pools_requests() -> None:
+    """Two pools over the same two multi-mode workers: a request of one pool goes to the worker the
+    other pool has left idle, not to the one it is busy with (each pool's own count is 0 on both)."""
+    from router.pools import PoolManager
+
+    pm = PoolManager({"mtp": ["127.0.0.1:1", "127.0.0.1:2"], "dfly": ["127.0.0.1:1", "127.0.0.1:2"]},
+                     modes={"mtp": "mtp", "dfly": "dfly"})
+    for e in pm.endpoints():
+        e.healthy = True
+    busy = next(e for e in pm.pools["dfly"] if e.address == "127.0.0.1:1")
+    trials = [busy.acquire() for _ in range(3)]        # three dfly requests on worker 1
+    assert [pm.pick("mtp").address for _ in range(5)] == ["127.0.0.1:2"] * 5
+    mtp_on_1 = next(e for e in pm.pools["mtp"] if e.address == "127.0.0.1:1")
+    assert (mtp_on_1.inflight, mtp_on_1.worker.inflight) == (0, 3)   # its pool's own count, the worker's
+    for t in trials:
+        busy.release(t)
+    assert mtp_on_1.worker.inflight == 0
