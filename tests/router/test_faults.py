@@ -65,14 +65,14 @@ async def test_worker_killed_mid_stream(redis_url: str) -> None:
     ) as c:
         gw = c.app.state.gateway  # type: ignore[attr-defined]
         # make the slow endpoint the least loaded so it gets the stream
-        gw.pools.pools["mtp"][1].inflight = 5
+        gw.pools.pools["mtp"][1].worker.inflight = 5   # what every pool has in flight on that worker
         task = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 40, "stream": True}))
         while es[0].servicer.running == 0:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.12)
         await es[0].stop()  # the worker dies mid-stream
         r = await task
-        gw.pools.pools["mtp"][1].inflight = 0
+        gw.pools.pools["mtp"][1].worker.inflight = 0
         ev = sse_events(r.text)
         assert r.status_code == 200 and ev[-1] != "[DONE]"
         assert "error" in ev[-1] and ev[-1]["error"]["type"] in ("service_unavailable", "server_error")
