@@ -61,16 +61,20 @@ def split(now: CellStats, then: CellStats | None, now_t: float, half_life_s: flo
     return older, CellStats(**recent, t=now_t)
 
 
+def _apart(a: CellStats, b: CellStats) -> float | None:
+    """How far apart two parts' tokens per step are (the larger over the smaller; None without steps)."""
+    x, y = a.mean_accepted_length, b.mean_accepted_length
+    return None if x is None or y is None else max(x, y) / min(x, y)
+
+
 def has_shifted(older: CellStats, recent: CellStats, learning: Learning) -> bool:
     """Recent evidence disagrees with the older: enough requests on both sides, and tokens per step
     apart by `drift_ratio` or more."""
     lo = learning.drift_min_requests
     if older.n < lo or recent.n < lo:
         return False
-    a, b = older.mean_accepted_length, recent.mean_accepted_length
-    if a is None or b is None:
-        return False
-    return max(a, b) >= learning.drift_ratio * min(a, b)
+    gap = _apart(older, recent)
+    return gap is not None and gap >= learning.drift_ratio
 
 
 Baselines = Mapping[tuple[str, str], Cells]   # shifted (domain or "*", pool) -> its cells before the change
@@ -147,5 +151,5 @@ def _agree(older: CellStats, since: CellStats, learning: Learning) -> bool:
     `drift_ratio`)."""
     if since.n < learning.drift_min_requests:
         return False
-    a, b = older.mean_accepted_length, since.mean_accepted_length
-    return a is not None and b is not None and max(a, b) < learning.drift_ratio * min(a, b)
+    gap = _apart(older, since)
+    return gap is not None and gap < learning.drift_ratio
