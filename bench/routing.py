@@ -26,7 +26,9 @@ closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-e
 accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
 requests until 90% of the affected traffic is on the better pool (by the router's label, and by the
 drafter that served most of each request's steps: bench/routing_metrics.py), whether
-T=0 outputs are identical across arms, and suite totals. `--repeats N` runs every cell's arms N rounds
+T=0 outputs are identical across arms, suite totals, and the routing ceiling: how far above the best
+single-pool fleet a router sending each class, or each request, to its fastest fleet could get, per
+cell and over the suite (bench/routing_ceiling.py). `--repeats N` runs every cell's arms N rounds
 (the order rotated each round): an arm's figures are then its median round's, with every round's
 tokens/s beside them, and the suite totals count every round. Writes `<name>.json`, `<name>.png` and the per-request
 rows (texts of T=0 requests included) in `<name>-requests.jsonl.gz`.
@@ -55,10 +57,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.routing_ceiling import cell_ceiling, suite_ceiling
 from bench.routing_client import Result, run_segment
 from bench.routing_metrics import (
     FLEET_POOLS,
     better_pools,
+    better_servers,
     default_pools,
     identity,
     median_round,
@@ -179,12 +183,13 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
     better = {ph: better_pools(fleets, ph) for ph in range(len(sc.phases))}
     change = 1 if len(sc.phases) > 1 and (name.startswith("S3") or sc.fault_at_phase is not None) else None
     if change is not None:
+        servers = better_servers(fleets, change, better[change])
         for arm in ("static", "learned", "learned-shared"):
             if arm in rows:
                 base = default_pools(better[change])
                 arms[arm]["switch"] = switch_point(rows[arm], change, base, better[change], window)
                 arms[arm]["switch_by_drafter"] = switch_point(rows[arm], change, base, better[change], window,
-                                                              on=served_by)
+                                                              on=served_by, targets=servers)
     t0_texts = {arm if len(rr) == 1 else f"{arm}#{k + 1}":
                 {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
                 for arm, rr in rounds.items() for k, rs in enumerate(rr)}
@@ -193,7 +198,7 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
                         "temperatures": {str(k): v for k, v in ph.temperatures.items()},
                         "non_english": ph.non_english, "concurrency": ph.concurrency or conc} for ph in sc.phases],
             "arms": arms, "regret": regret({a: v["summary"]["output_tokens_per_s"] for a, v in arms.items()}),
-            "better_pools": {str(k): v for k, v in better.items()},
+            "better_pools": {str(k): v for k, v in better.items()}, "ceiling": cell_ceiling(fleets),
             "t0_identity": identity(t0_texts, reference=next((a for a in t0_texts if a.split("#")[0] == "all-ar"), None))}
 
 
@@ -284,6 +289,11 @@ def main(argv: list[str]) -> int:
         "suite": suite_totals({a: summarize(rr[k]) for a, rr in by_arm.items()}
                               for by_arm in rows.values() for k in range(args.repeats)),
     }
+    if "best_static_arm" in report["suite"]:
+        walls = {name: {a: sum(summarize(rs)["wall_s"] for rs in rr) for a, rr in rows[name].items()}
+                 for name, _, _ in cells}
+        report["suite"]["ceiling"] = suite_ceiling([(res["ceiling"], walls[res["cell"]]) for res in results],
+                                                   report["suite"]["best_static_arm"])
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=2))
     with gzip.open(out / f"{args.name}-requests.jsonl.gz", "wt", encoding="utf-8") as f:
         for name, by_arm in rows.items():

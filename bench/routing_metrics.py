@@ -20,7 +20,8 @@ the drafter that drafted them, or `plain`) and, at temperature 0, `text`.
   requests since the change. A request is on the pool the router labelled it with (`pool`), or, for the
   switch by drafter, on what served most of its steps (`served_by`: on a worker serving both modes a
   row labelled `dfly` may draft with MTP's drafter, or none, step by step; on a single-mode worker the
-  two agree unless D-Cut kept most steps plain).
+  two agree unless D-Cut kept most steps plain), against what served most steps of the better fleet's
+  requests of its class (`better_servers`: `plain` where that fleet's D-Cut ran the class plain).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ Row = Mapping[str, Any]
 FLEET_POOLS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
 ROUTED_POOLS = ("mtp", "dfly")   # what the static and learned arms route between
 DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.policy.default_policy's choice
+LEARNED_ARMS = ("learned", "learned-shared")   # the arms whose router learns
 
 
 def default_pools(classes: Iterable[str]) -> dict[str, str]:
@@ -152,20 +154,38 @@ def better_pools(fleets: Mapping[str, Sequence[Row]], phase: int) -> dict[str, s
     return out
 
 
+def better_servers(fleets: Mapping[str, Sequence[Row]], phase: int, better: Mapping[str, str]) -> dict[str, str]:
+    """class -> what served most verification steps of its better fleet's requests in `phase` (a drafter
+    kind, or `plain`: the all-DFly fleet's D-Cut may have run a class plain, and then plain decoding is
+    what made that fleet the faster); the pool's name where the rows do not say."""
+    out: dict[str, str] = {}
+    for cls, pool in better.items():
+        arm = next((a for a, p in FLEET_POOLS.items() if p == pool), None)
+        steps: dict[str, float] = defaultdict(float)
+        for r in fleets.get(arm or "", ()):
+            if r["phase"] == phase and r["ok"] and traffic_class(r) == cls:
+                for k, v in (r.get("drafter_steps") or {}).items():
+                    steps[k] += v
+        out[cls] = max(sorted(steps), key=lambda k: steps[k]) if steps else pool
+    return out
+
+
 def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, str], after: Mapping[str, str],
                  window: int = 50, target: float = 0.9,
-                 on: Callable[[Row], str] = labelled_pool) -> dict[str, Any]:
+                 on: Callable[[Row], str] = labelled_pool, targets: Mapping[str, str] | None = None) -> dict[str, Any]:
     """When `target` of the affected traffic (classes whose better pool `after` is not their `baseline`
     pool) after `change_phase` starts is on its better pool (`on`: where a request counts as being:
-    `labelled_pool`, or `served_by`)."""
+    `labelled_pool`, or `served_by` with `targets` from `better_servers`)."""
+    goal = targets or after
     affected_classes = sorted(c for c, p in after.items() if baseline.get(c) != p)
     post = sorted((r for r in rows if r["phase"] >= change_phase), key=lambda r: r["index"])
     aff = [r for r in post if traffic_class(r) in affected_classes]
-    out: dict[str, Any] = {"affected_classes": {c: after[c] for c in affected_classes}, "affected_requests": len(aff),
+    out: dict[str, Any] = {"affected_classes": {c: goal.get(c, after[c]) for c in affected_classes},
+                           "affected_requests": len(aff),
                            "requests_until_90pct": None, "affected_requests_until_90pct": None}
     if not aff:
         return out
-    good = [1.0 if on(r) == after[traffic_class(r)] else 0.0 for r in aff]
+    good = [1.0 if on(r) == goal.get(traffic_class(r), after[traffic_class(r)]) else 0.0 for r in aff]
     w = min(window, len(aff))
     for j in range(len(aff) - w + 1):
         if sum(good[j:j + w]) >= target * w - 1e-9:
@@ -218,8 +238,8 @@ def identity(texts: Mapping[str, Mapping[int, str]], reference: str | None = Non
 
 
 def suite_totals(cells: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Per arm over every cell: total tokens over total wall time; learned vs the best single-pool fleet
-    (all-MTP, all-DFly, all-AR) and vs classifier-static."""
+    """Per arm over every cell: total tokens over total wall time; each learning arm against the best
+    single-pool fleet (all-MTP, all-DFly, all-AR) and against classifier-static."""
     tok: dict[str, float] = defaultdict(float)
     wall: dict[str, float] = defaultdict(float)
     for cell in cells:
@@ -229,10 +249,15 @@ def suite_totals(cells: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     tps = {a: round(tok[a] / wall[a], 2) if wall[a] > 0 else 0.0 for a in tok}
     out: dict[str, Any] = {"output_tokens_per_s": tps}
     fleets = {a: v for a, v in tps.items() if a in FLEET_POOLS}
-    if "learned" in tps and fleets:
+    routed = [a for a in LEARNED_ARMS if a in tps]
+    if fleets:
         best = max(fleets, key=lambda a: fleets[a])
         out["best_static_arm"] = best
-        out["learned_vs_best_static"] = round(tps["learned"] / fleets[best] - 1, 4) if fleets[best] > 0 else math.nan
-    if "learned" in tps and tps.get("static"):
-        out["learned_vs_classifier_static"] = round(tps["learned"] / tps["static"] - 1, 4)
+        out["routed_vs_best_static"] = {a: round(tps[a] / fleets[best] - 1, 4) if fleets[best] > 0 else math.nan
+                                        for a in routed}
+    if tps.get("static"):
+        out["routed_vs_classifier_static"] = {a: round(tps[a] / tps["static"] - 1, 4) for a in routed}
+    for key in ("routed_vs_best_static", "routed_vs_classifier_static"):   # the learned (1+1) arm's, as before
+        if "learned" in out.get(key, {}):
+            out[key.replace("routed", "learned")] = out[key]["learned"]
     return out

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-dfly": ("tab:orange", "-"), "all-ar": ("tab:gray", "-"),
-             "static": ("tab:green", "--"), "learned": ("tab:red", "-")}
+             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-")}
+ROUTED = ("static", "learned", "learned-shared")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -25,11 +26,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
             color, ls = ARM_STYLE.get(arm, ("black", ":"))
             ts = res["series"]
             left.plot(ts["t"], ts["goodput"], color=color, ls=ls, label=arm)
-            if arm in ("static", "learned"):
+            if arm in ROUTED:
                 share = [x if x is not None else float("nan") for x in ts["shares"].get("dfly", [0.0] * len(ts["t"]))]
                 right.plot(ts["t"], share, color=color, ls=ls, marker="o", ms=3, label=f"{arm}: dfly share")
             for t in res.get("phase_starts_s", [])[1:]:
-                if arm == "learned":
+                if arm == next((a for a in ROUTED if a in cell["arms"]), None):
                     left.axvline(t, color="k", ls=":", lw=0.8)
                     right.axvline(t, color="k", ls=":", lw=0.8)
         left.set_title(f"{cell['cell']}: {cell['title']}", fontsize=9)
@@ -74,11 +75,20 @@ def table(report: dict[str, Any]) -> str:
         if ident and ident["compared"]:
             lines.append(f"{'':<8} T=0 outputs identical across arms: {ident['compared'] - ident['mismatches']}"
                          f"/{ident['compared']} (reference {ident['reference']})")
+        ceiling = cell.get("ceiling") or {}
+        if ceiling.get("class_oracle"):
+            co, ro = ceiling["class_oracle"], ceiling.get("request_oracle") or {}
+            lines.append(f"{'':<8} routing ceiling over the best fleet ({co['best_fleet']}): class oracle "
+                         f"{co['gain_over_best_fleet'] * 100:+.1f}%, request oracle "
+                         f"{ro.get('gain_over_best_fleet', float('nan')) * 100:+.1f}%")
     suite = report.get("suite", {})
     if suite:
         lines.append("suite (total tokens / total time): " + ", ".join(
             f"{a}={v:.1f}" for a, v in suite["output_tokens_per_s"].items()))
-        if "learned_vs_best_static" in suite:
-            lines.append(f"learned vs best static fleet ({suite['best_static_arm']}): "
-                         f"{suite['learned_vs_best_static'] * 100:+.1f}%")
+        for arm, v in suite.get("routed_vs_best_static", {}).items():
+            lines.append(f"{arm} vs best static fleet ({suite['best_static_arm']}): {v * 100:+.1f}%")
+        ceiling = suite.get("ceiling") or {}
+        if ceiling.get("class_oracle") is not None:
+            lines.append(f"routing ceiling over {ceiling['fleet']}: class oracle {ceiling['class_oracle'] * 100:+.1f}%, "
+                         f"request oracle {(ceiling.get('request_oracle') or 0.0) * 100:+.1f}%")
     return "\n".join(lines)

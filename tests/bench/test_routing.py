@@ -13,6 +13,7 @@ import pytest
 from bench.routing import cells_of, main, parse_levels, parse_names
 from bench.routing_metrics import (
     better_pools,
+    better_servers,
     default_pools,
     identity,
     median_round,
@@ -105,6 +106,10 @@ def test_summary_series_and_regret():
                            "static": {"output_tokens": 100, "wall_s": 20}}])
     assert suite["output_tokens_per_s"] == {"all-mtp": 10.0, "learned": 12.0, "static": 5.0}
     assert suite["best_static_arm"] == "all-mtp" and suite["learned_vs_best_static"] == 0.2
+    assert suite["routed_vs_best_static"] == {"learned": 0.2} and suite["learned_vs_classifier_static"] == 1.4
+    both = suite_totals([{"all-mtp": {"output_tokens": 100, "wall_s": 10},
+                          "learned-shared": {"output_tokens": 90, "wall_s": 10}}])
+    assert both["routed_vs_best_static"] == {"learned-shared": -0.1} and "learned_vs_best_static" not in both
 
 
 def test_better_pools_and_switch_point():
@@ -148,6 +153,17 @@ def test_switch_by_the_drafter_that_served():
     assert {served_by(r) for r in narrowed} == {"mtp"}
     assert switch_point(narrowed, 1, {"code|t=0": "dfly"}, after)["requests_until_90pct"] is None
     assert switch_point(narrowed, 1, {"code|t=0": "dfly"}, after, on=served_by)["requests_until_90pct"] == 0
+    # the better fleet's D-Cut ran chat at T=1 plain: a request served plain is on it, one drafted by MTP is not
+    fleets = {"all-dfly": [{**row(0, "dfly", domain="chat", t=1.0, phase=1), "drafter_steps": {"dfly": 1, "plain": 9}}],
+              "all-mtp": [{**row(0, "mtp", domain="chat", t=1.0, phase=1), "drafter_steps": {"mtp": 10}},
+                          {**row(1, "mtp", phase=1), "drafter_steps": {"mtp": 10}}]}
+    servers = better_servers(fleets, 1, {"chat|t=high": "dfly", "code|t=0": "mtp", "math|t=0": "dfly"})
+    assert servers == {"chat|t=high": "plain", "code|t=0": "mtp", "math|t=0": "dfly"}   # no rows: the pool
+    went_plain = [{**row(i, "dfly", domain="chat", t=1.0, phase=1), "drafter_steps": {"plain": 10}} for i in range(60)]
+    base = {"chat|t=high": "mtp"}
+    assert switch_point(went_plain, 1, base, {"chat|t=high": "dfly"}, on=served_by)["requests_until_90pct"] is None
+    sw = switch_point(went_plain, 1, base, {"chat|t=high": "dfly"}, on=served_by, targets=servers)
+    assert sw["requests_until_90pct"] == 0 and sw["affected_classes"] == {"chat|t=high": "plain"}
     plain = {**row(0, "dfly"), "drafter_steps": {"dfly": 2, "plain": 8}}
     assert served_by(plain) == "plain" and served_by(row(0, "mtp")) == "mtp"   # no breakdown: its label
     assert served_by({**row(0, "dfly"), "drafter_steps": {"plain": 3, "mtp": 3}}) == "mtp"   # tie: sorted first
