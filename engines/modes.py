@@ -13,12 +13,19 @@ that raises the step's expected tokens per millisecond under the measured cost m
 
 C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a one-token forward,
 `tokens` the verified tokens (1 + drafts per row; a plain row emits 1). Pass times per drafter,
-`unit_ms` and each row's expected tokens per drafter (its own record shrunk toward the drafter's
-running mean) are measured online (`ModeCosts`). A move must gain `MARGIN` (the estimates are noisy,
-and a row's first steps are not its typical ones). A row running alone keeps its mode's drafter: there
-is no one else's forward to make dearer, the router chose that mode for it from what the mode did for
-requests like it, and the linear cost model overstates a wide verify at one row. Rows never move to a
-wider drafter than their mode's, and rows in a plain (`ar`) mode never draft.
+`unit_ms` and each row's expected tokens per drafter are measured online (`ModeCosts`): the row's own
+record with the drafter, shrunk toward what the drafter emits for rows of the row's mode (the router
+sends each mode its own traffic: chat to one, code to another) or, while that is thin, for every row.
+A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are not its typical ones).
+A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
+1.5x a one-token forward, as measured (engines/forward_cost.py), and a drafter that does not pay at
+batch 1 does not pay there either (seen: on the demo bundle a lone code row drafting with DFly ran at
+137 tok/s, with MTP at 167). Rows never move to a wider drafter than their mode's, and rows in a plain
+(`ar`) mode never draft.
+
+So that a wide mode's rows have a figure for the narrow drafter before it is needed, rows keeping their
+own wide drafter draft with the narrow one every `MODE_PROBE_EVERY`-th step until `MODE_MIN` of their
+mode's row-steps have been seen with it.
 
 Estimates that nothing refreshes go stale: a drafter no row uses is never measured again, so a low
 early figure would keep its rows plain for good (seen: a batch of DFly-mode rows at T=0 went plain
@@ -44,6 +51,8 @@ PLAIN = -1              # the key of "no drafter" (a plain row)
 MARGIN = 0.1            # a move (to a narrower drafter, or plain) must raise the step's tokens per ms by 10%
 PLAIN_STEP = "-"        # `SpecDecoder.draft(use=...)`: the row takes a plain step (drafts nothing)
 PROBE_EVERY = 16        # steps the narrowest drafter may sit out while rows that could use it go plain
+MODE_MIN = 8            # row-steps of a mode with a drafter before its per-mode mean replaces the drafter's mean
+MODE_PROBE_EVERY = 4    # until then, wide rows keeping their own drafter try the narrow one every this many steps
 
 
 @dataclass(frozen=True)
@@ -65,15 +74,14 @@ def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], u
     PLAIN: no drafting this step) that maximises U (module docstring). Greedy from every row on its
     own: the rows with alternatives, widest first, each take the alternative that raises U most if it
     does so by `MARGIN`; moving every such row at once to the same kind of alternative (all to the
-    narrowest drafter, all plain: which also saves a drafter's pass) is tried as well. A row alone keeps
-    its own."""
+    narrowest drafter, all plain: which also saves a drafter's pass) is tried as well."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
         return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
 
     choice = [0] * len(options)
     movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
-    if not movable or len(options) < 2:
+    if not movable:
         return choice
     best = u(choice)
     for i in movable:
@@ -99,6 +107,8 @@ class ModeCosts:
     mean_tokens: dict[int, float] = field(default_factory=dict)  # id(drafter) -> tokens per drafted row-step
     warm: set[int] = field(default_factory=set)                 # drafters whose first pass has been seen
     rows_seen: dict[int, int] = field(default_factory=dict)     # id(drafter) -> drafted row-steps observed
+    mode_tokens: dict[tuple[int, str], float] = field(default_factory=dict)   # (id(drafter), row's mode) -> mean
+    mode_seen: dict[tuple[int, str], int] = field(default_factory=dict)       # (id(drafter), row's mode) -> count
     step: int = 0                                               # multi-mode steps decided so far
     last_used: dict[int, int] = field(default_factory=dict)     # id(drafter) -> the step it last drafted in
 
@@ -126,24 +136,42 @@ class ModeCosts:
         unit = ms * (bound + 1.0) / (bound + tokens)
         self.unit_ms = unit if self.unit_ms <= 0 else (1 - EMA) * self.unit_ms + EMA * unit
 
-    def observe_row(self, drafter: Any, tokens: int) -> None:
-        """A row-step drafted by `drafter` emitted `tokens`: a plain average over the first 1 / EMA, then
-        the EMA."""
+    def observe_row(self, drafter: Any, tokens: int, mode: str = "") -> None:
+        """A row-step of a row in `mode` drafted by `drafter` emitted `tokens`: into the drafter's mean and
+        its mean for the mode, each a plain average over its first 1 / EMA, then the EMA."""
         k = id(drafter)
         n = self.rows_seen[k] = self.rows_seen.get(k, 0) + 1
-        w = max(EMA, 1.0 / n)
-        self.mean_tokens[k] = (1 - w) * self.mean_tokens.get(k, 0.0) + w * tokens
+        self.mean_tokens[k] = _average(self.mean_tokens.get(k, 0.0), tokens, n)
+        km = (k, mode)
+        n = self.mode_seen[km] = self.mode_seen.get(km, 0) + 1
+        self.mode_tokens[km] = _average(self.mode_tokens.get(km, 0.0), tokens, n)
 
     def forget(self, drafter: Any) -> None:
         """`drafter`'s weights changed: drop what its rows emitted (its pass time still holds)."""
         self.mean_tokens.pop(id(drafter), None)
         self.rows_seen.pop(id(drafter), None)
+        for km in [km for km in self.mode_seen if km[0] == id(drafter)]:
+            self.mode_seen.pop(km)
+            self.mode_tokens.pop(km, None)
 
-    def expected(self, record: tuple[int, int] | None, drafter: Any) -> float:
-        """Tokens a step with `drafter` should emit for a row whose record with it is (steps, tokens)."""
-        prior = self.mean_tokens.get(id(drafter), 1.0 + 0.3 * float(drafter.max_draft))
+    def seen_in(self, drafter: Any, mode: str) -> int:
+        """Row-steps of rows in `mode` that `drafter` drafted."""
+        return self.mode_seen.get((id(drafter), mode), 0)
+
+    def expected(self, record: tuple[int, int] | None, drafter: Any, mode: str = "") -> float:
+        """Tokens a step with `drafter` should emit for a row in `mode` whose record with it is (steps,
+        tokens)."""
+        km = (id(drafter), mode)
+        prior = self.mode_tokens[km] if self.mode_seen.get(km, 0) >= MODE_MIN else \
+            self.mean_tokens.get(id(drafter), 1.0 + 0.3 * float(drafter.max_draft))
         steps, tokens = record or (0, 0)
         return (tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR)
+
+
+def _average(mean: float, x: float, n: int) -> float:
+    """A running mean's next value after its `n`-th observation `x`: plain while n <= 1 / EMA, then the EMA."""
+    w = max(EMA, 1.0 / n)
+    return (1 - w) * mean + w * x
 
 
 def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None:
@@ -168,14 +196,18 @@ def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None
         if d is None:
             options.append([plain])
             continue
-        row = [Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d))]
+        row = [Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d, st.mode))]
         if int(d.max_draft) > int(narrow.max_draft):
-            row.append(Option(id(narrow), int(narrow.max_draft), costs.expected(st.records.get(id(narrow)), narrow)))
+            row.append(Option(id(narrow), int(narrow.max_draft),
+                              costs.expected(st.records.get(id(narrow)), narrow, st.mode)))
         options.append([*row, plain])
     picked = choose(options, costs.draft_ms, costs.unit_ms, bound)
     if costs.idle(narrow) >= PROBE_EVERY:   # probe: rows gone plain that could draft with it do
         picked = [next((j for j, o in enumerate(opts) if o.key == id(narrow)), c)
                   if opts[c].key == PLAIN else c for opts, c in zip(options, picked, strict=True)]
+    if costs.step % MODE_PROBE_EVERY == 0:   # a mode's wide rows not yet seen with the narrow drafter try it
+        picked = [1 if c == 0 and len(opts) > 2 and costs.seen_in(narrow, decoder.slots[s].mode) < MODE_MIN else c
+                  for s, opts, c in zip(slots, options, picked, strict=True)]
     if not any(picked):
         return None
     out: list[str | None] = []

@@ -148,15 +148,15 @@ def test_rows_switching_drafters_step_by_step_stay_exact():
         dec.draft([3], 8, ["wide"])                                  # a plain row never drafts
 
 
-def test_choose_narrows_wide_rows_only_in_a_busy_step():
+def test_choose_narrows_wide_rows_where_the_step_gains():
     from engines.modes import Option, choose
 
     wide = [Option(1, 15, 5.0), Option(2, 3, 3.2)]
     narrow = [Option(2, 3, 3.2)]
     plain = [Option(-1, 0, 1.0)]
     draft_ms, unit, bound = {1: 9.0, 2: 5.0}, 12.0, 27.0
-    assert choose([wide], draft_ms, unit, bound) == [0]                       # alone: its own mode
-    assert choose([wide, narrow, narrow, narrow], draft_ms, unit, bound) == [1, 0, 0, 0]
+    assert choose([wide], draft_ms, unit, bound) == [0]           # alone, a verify is cheap: its own mode
+    assert choose([wide, narrow, narrow, narrow], draft_ms, unit, bound) == [1, 0, 0, 0]   # busy: dear
     assert choose([wide, wide, plain], draft_ms, unit, bound) == [1, 1, 0]
     # a wide drafter that pays for itself stays, even in a batch
     assert choose([[Option(1, 15, 12.0), Option(2, 3, 3.2)], narrow], draft_ms, unit, bound) == [0, 0]
@@ -164,7 +164,52 @@ def test_choose_narrows_wide_rows_only_in_a_busy_step():
     hot = [[Option(2, 3, 1.3), Option(-1, 0, 1.0)]] * 4
     assert choose(hot, draft_ms, unit, bound) == [1, 1, 1, 1]
     assert choose([[Option(2, 3, 3.2), Option(-1, 0, 1.0)]] * 4, draft_ms, unit, bound) == [0, 0, 0, 0]
-    assert choose(hot[:1], draft_ms, unit, bound) == [0]                        # alone: its own mode
+    # alone too: a drafter that does not pay at one row is left out (a lone wide row whose drafts are
+    # accepted no better than the narrow drafter's drafts narrow)
+    assert choose(hot[:1], draft_ms, unit, bound) == [1]
+    assert choose([[Option(1, 15, 3.3), Option(2, 3, 3.2)]], draft_ms, unit, bound) == [1]
+
+
+def test_a_modes_rows_are_judged_on_what_the_drafter_does_for_that_mode():
+    """The router sends each mode its own traffic: MTP's figure on chat rows says little about what it
+    would emit for code rows in the DFly mode. A row's prior is the drafter's mean on rows of its mode
+    once MODE_MIN of them are seen, the drafter's overall mean before; forgetting a drafter drops both."""
+    from engines.modes import MODE_MIN, ModeCosts
+
+    d = torch.nn.Linear(1, 1)
+    d.max_draft = 3   # type: ignore[attr-defined]
+    c = ModeCosts()
+    for _ in range(20):
+        c.observe_row(d, 2, "mtp")                 # chat rows: 2 tokens a step
+    for _ in range(MODE_MIN):
+        assert c.expected(None, d, "dfly") == pytest.approx(c.mean_tokens[id(d)])   # the overall mean
+        c.observe_row(d, 4, "dfly")                # code rows: 4
+    assert c.seen_in(d, "dfly") == MODE_MIN and c.expected(None, d, "dfly") == pytest.approx(4.0)
+    assert c.expected(None, d, "mtp") == pytest.approx(2.0) and c.expected((4, 12), d, "dfly") == pytest.approx(3.5)
+    c.forget(d)
+    assert c.seen_in(d, "dfly") == 0 and c.expected(None, d, "dfly") == pytest.approx(1.9)   # the width's prior
+
+
+def test_wide_rows_try_the_narrow_drafter_until_their_mode_has_a_figure_for_it():
+    """Rows of a wide mode keeping their own drafter draft with the narrow one every MODE_PROBE_EVERY-th
+    step until MODE_MIN of their mode's row-steps are seen with it; then the cost model alone decides."""
+    from engines.modes import MODE_MIN, MODE_PROBE_EVERY, step_drafters
+
+    target = make_target()
+    dec = multi_decoder(target, 2)
+    wide, narrow = dec.modes["wide"], dec.modes["narrow"]
+    dec.compute_bound_tokens, dec.costs.unit_ms = 27.0, 12.0
+    dec.costs.draft_ms.update({id(wide): 9.0, id(narrow): 5.0})
+    dec.costs.mean_tokens.update({id(wide): 12.0, id(narrow): 3.2})   # the wide drafter pays by far
+    slots = [0, 1]
+    dec.prefill_batch(slots, prompts(2, seed=5), [SamplingParams()] * 2, ["wide"] * 2)
+    uses = [step_drafters(dec, slots) for _ in range(2 * MODE_PROBE_EVERY)]
+    probes = [i for i, u in enumerate(uses) if u == ["narrow"] * 2]
+    assert probes == [MODE_PROBE_EVERY - 1, 2 * MODE_PROBE_EVERY - 1]
+    assert all(u is None for i, u in enumerate(uses) if i not in probes)   # otherwise their own
+    for _ in range(MODE_MIN):
+        dec.costs.observe_row(narrow, 3, "wide")
+    assert all(step_drafters(dec, slots) is None for _ in range(2 * MODE_PROBE_EVERY))
 
 
 def test_mode_costs_ignore_a_drafters_cold_first_pass():
