@@ -18,9 +18,9 @@ record with the drafter, shrunk toward what the drafter emits for rows of the ro
 sends each mode its own traffic: chat to one, code to another) or, while that is thin, for every row.
 A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are not its typical ones).
 A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
-1.5x a one-token forward, as measured (engines/forward_cost.py), and a drafter that does not pay at
-batch 1 does not pay there either (seen: on the demo bundle a lone code row drafting with DFly ran at
-137 tok/s, with MTP at 167). Rows never move to a wider drafter than their mode's, and rows in a plain
+about 1.5x a one-token forward, close to the 1.45x the demo bundle's card measures, and a drafter that
+does not pay at batch 1 should not draft there either (seen on the demo bundle, one code or math
+request at a time: 137 tok/s when such rows kept DFly's drafter, 167 on an MTP worker). Rows never move to a wider drafter than their mode's, and rows in a plain
 (`ar`) mode never draft.
 
 So that a wide mode's rows have a figure for the narrow drafter before it is needed, rows keeping their
