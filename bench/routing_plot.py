@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.routing_metrics import ROUTED_ARMS
+
 ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-dfly": ("tab:orange", "-"), "all-ar": ("tab:gray", "-"),
-             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-")}
-ROUTED = ("static", "learned", "learned-shared")
+             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-"),
+             "learned-shared-ar": ("tab:brown", "-")}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -26,11 +28,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
             color, ls = ARM_STYLE.get(arm, ("black", ":"))
             ts = res["series"]
             left.plot(ts["t"], ts["goodput"], color=color, ls=ls, label=arm)
-            if arm in ROUTED:
+            if arm in ROUTED_ARMS:
                 share = [x if x is not None else float("nan") for x in ts["shares"].get("dfly", [0.0] * len(ts["t"]))]
                 right.plot(ts["t"], share, color=color, ls=ls, marker="o", ms=3, label=f"{arm}: dfly share")
             for t in res.get("phase_starts_s", [])[1:]:
-                if arm == next((a for a in ROUTED if a in cell["arms"]), None):
+                if arm == next((a for a in ROUTED_ARMS if a in cell["arms"]), None):
                     left.axvline(t, color="k", ls=":", lw=0.8)
                     right.axvline(t, color="k", ls=":", lw=0.8)
         left.set_title(f"{cell['cell']}: {cell['title']}", fontsize=9)

@@ -172,6 +172,18 @@ def test_switch_by_the_drafter_that_served():
     assert s["step_shares_by_drafter"] == {"mtp": 0.8, "plain": 0.2}
 
 
+def test_every_arm_is_two_worker_processes_and_names_a_mode_per_pool_on_shared_workers():
+    from bench.routing_metrics import ROUTED_ARMS
+    from bench.routing_system import ARMS, MULTI_MODES
+
+    for arm in ARMS.values():
+        assert len({k for ks in arm.pools.values() for k in ks}) == 2, arm.name
+        if arm.modes is not None:   # multi-mode workers: one pool per mode they serve
+            assert set(arm.modes) == set(arm.pools) and set(arm.modes.values()) <= set(MULTI_MODES.split(","))
+    assert ARMS["learned-shared-ar"].pools["ar"] == ARMS["learned-shared"].pools["mtp"]
+    assert set(ROUTED_ARMS) == {a.name for a in ARMS.values() if len(a.pools) > 1}
+
+
 def test_median_round_is_the_middle_round_or_the_lower_of_the_middle_two():
     assert median_round([300.0]) == 0
     assert median_round([310.0, 290.0, 400.0]) == 0
