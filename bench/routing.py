@@ -7,9 +7,8 @@ Every arm is two worker processes (bench/routing_system.py `ARMS`):
     all-mtp    2 x MTP                 all-dfly   2 x DFly + D-Cut          all-ar   2 x AR
     static     1 MTP + 1 DFly + D-Cut, the built-in default policy (classifier routes) with learning off
     learned    the same two workers, the built-in default policy with learning on
-    learned-shared  2 x (MTP + DFly + AR modes over one target), pools mtp and dfly on both, learning on;
-               each worker narrows DFly rows or takes plain steps where its step cost model says so
-    learned-shared-ar  the same workers with a third pool, ar (plain decoding), for the router to learn
+    learned-shared  2 x (MTP + DFly modes over one target), pools mtp and dfly on both, learning on; each
+               worker narrows DFly rows or takes plain steps where its step cost model says so
 
 Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 chat heavy, T in
 {0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the

@@ -8,8 +8,7 @@ from typing import Any
 from bench.routing_metrics import ROUTED_ARMS
 
 ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-dfly": ("tab:orange", "-"), "all-ar": ("tab:gray", "-"),
-             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-"),
-             "learned-shared-ar": ("tab:brown", "-")}
+             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-")}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -4,12 +4,12 @@ every arm and scenario), and one gateway per arm, all as users run them (`specro
 
 Arms (`ARMS`): each is exactly two worker processes with one torch thread each. The routed arms
 (classifier-static and learned) share the first MTP and the first DFly + D-Cut worker with the fleets;
-`learned-shared` runs two multi-mode workers (`--engine mtp,dfly,ar`: one target, both drafters, and
-plain decoding), each a member of two pools, one per mode (`--pool-mode`), so routing picks a mode per
-request without splitting the hardware; each worker narrows a DFly row to MTP's drafter, or takes plain
-steps, in the steps where its cost model says so (engines/modes.py). `learned-shared-ar` adds a third
-pool, `ar`, over the same workers: the router may then send a request to plain decoding (at T > 0, where
-drafts are seldom accepted) from what it learns per context, instead of leaving it to the step choice.
+`learned-shared` runs two multi-mode workers (`--engine mtp,dfly`: one target, both drafters), each a
+member of two pools, one per mode (`--pool-mode`), so routing picks a mode per request without
+splitting the hardware; each worker narrows a DFly row to MTP's drafter, or takes plain steps, in the
+steps where its cost model says so (engines/modes.py). A third pool, `ar`, over the same workers was
+tried (`bench/results/routing-ar.json`, code of 54fc9be) and gained nothing: the router's goodput
+estimate reads the shared workers' step time for every pool, so a plain row never looks cheaper there.
 Workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
 statistics keys are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway
 writes the built-in default policy; the static arm then turns learning off through the admin API.
@@ -34,7 +34,7 @@ from specroute.errors import UserError
 from specroute.readiness import free_port, grpc_serving, poll_until
 
 WorkerKey = tuple[str, int]   # (engine, member index); engine "multi": MULTI_MODES over one target
-MULTI_MODES = "mtp,dfly,ar"
+MULTI_MODES = "mtp,dfly"
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,6 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("static", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}, learning=False),
     Arm("learned", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}),
     Arm("learned-shared", {"mtp": SHARED, "dfly": SHARED}, modes={"mtp": "mtp", "dfly": "dfly"}),
-    Arm("learned-shared-ar", {"mtp": SHARED, "dfly": SHARED, "ar": SHARED},
-        modes={"mtp": "mtp", "dfly": "dfly", "ar": "ar"}),
 )}
 
 

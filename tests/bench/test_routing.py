@@ -180,7 +180,6 @@ def test_every_arm_is_two_worker_processes_and_names_a_mode_per_pool_on_shared_w
         assert len({k for ks in arm.pools.values() for k in ks}) == 2, arm.name
         if arm.modes is not None:   # multi-mode workers: one pool per mode they serve
             assert set(arm.modes) == set(arm.pools) and set(arm.modes.values()) <= set(MULTI_MODES.split(","))
-    assert ARMS["learned-shared-ar"].pools["ar"] == ARMS["learned-shared"].pools["mtp"]
     assert set(ROUTED_ARMS) == {a.name for a in ARMS.values() if len(a.pools) > 1}
 
 
