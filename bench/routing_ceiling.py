@@ -53,8 +53,9 @@ def seconds_per_token(rows: Iterable[Row], unit: Unit) -> dict[str, tuple[float,
 
 def oracle(fleets: Mapping[str, Sequence[Row]], unit: Unit, detail: bool = False) -> dict[str, Any] | None:
     """The best fleet by estimated time, the oracle's gain over it, the share of tokens each fleet is
-    fastest for and (`detail`) each unit's fastest fleet (None with fewer than two fleets). Units some fleet did not finish are left out of every estimate; a unit's
-    tokens are their mean over the fleets (identical at T=0)."""
+    fastest for and (`detail`) each unit's fastest fleet (None with fewer than two fleets). Units some
+    fleet did not finish are left out of every estimate; a unit's tokens are their mean over the fleets
+    (identical at T=0)."""
     speed = {arm: seconds_per_token(rows, unit) for arm, rows in fleets.items() if arm in FLEET_POOLS and rows}
     if len(speed) < 2:
         return None
@@ -67,8 +68,9 @@ def oracle(fleets: Mapping[str, Sequence[Row]], unit: Unit, detail: bool = False
     t_oracle = sum(tokens[u] * speed[fastest[u]][u][0] for u in units)
     best = min(time, key=lambda a: (time[a], a))
     share: dict[str, float] = defaultdict(float)
+    total = sum(tokens.values())
     for u in units:
-        share[fastest[u]] += tokens[u] / sum(tokens.values())
+        share[fastest[u]] += tokens[u] / total
     return {"best_fleet": best, "gain_over_best_fleet": round(time[best] / t_oracle - 1.0, 4),
             "estimated_time_vs_best": {a: round(t / time[best], 4) for a, t in sorted(time.items())},
             "token_share_by_fastest_fleet": {a: round(v, 4) for a, v in sorted(share.items())},
