@@ -163,7 +163,7 @@ async def _set(c: httpx.AsyncClient, **changes: object) -> None:
 async def test_the_gateway_sees_a_drafter_go_bad_where_decayed_statistics_would_not(redis_url: str) -> None:
     """Fake workers writing real feedback to a real Redis. An hour's half-life and plenty of good DFly
     evidence: with change detection off (no change can gather the evidence it asks for), code keeps
-    going to DFly after its acceptance falls to 0; turned on, the gateway marks code x dfly as changed and moves code to MTP within a few requests."""
+    going to DFly for several requests after its acceptance falls to 0; turned on, the gateway marks code x dfly as changed and moves code to MTP within a few requests."""
     dfly = FakeConfig(name="dfly", engine="dfly", acceptance={"code": 0.8}, step_ms=12.0, redis_url=redis_url)
     mtp = FakeConfig(name="mtp", engine="mtp", block_size=3, acceptance={"code": 0.5}, redis_url=redis_url)
     async with engines(mtp, dfly) as es, running_app(
@@ -179,8 +179,10 @@ async def test_the_gateway_sees_a_drafter_go_bad_where_decayed_statistics_would_
         await asyncio.sleep(1.2)   # the gateway's pulls now reach back past the good evidence
         assert [await _ask_code(c) for _ in range(3)] == ["dfly"] * 3
         es[1].servicer.cfg.acceptance["code"] = 0.0            # the DFly drafter goes bad
-        off = [await _ask_code(c) for _ in range(20)]
-        assert off == ["dfly"] * 20, off                        # the past outweighs 20 bad requests
+        # the past outweighs the first bad requests: decayed statistics alone tip only after 14-26 of them
+        # (four runs, CI's included; how soon depends on when the gateway pulls their feedback)
+        off = [await _ask_code(c) for _ in range(5)]
+        assert off == ["dfly"] * 5, off
         await _set(c, learning={**learning, "drift_min_requests": 4})
         await asyncio.sleep(0.3)   # a few pulls (every 0.05 s here): the next one marks the change
         on = [await _ask_code(c) for _ in range(10)]
