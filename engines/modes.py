@@ -8,11 +8,17 @@ not drafting at all (D-Cut's finding for single-mode workers). So, step by step,
 draft with the narrowest speculative mode's drafter instead of its own, or take a plain step, when
 that raises the step's expected tokens per millisecond under the measured cost model:
 
-    step_ms = sum over the drafters used of their pass time + unit_ms * (C + tokens) / (C + 1)
+    step_ms = sum over the drafters used of their pass time + unit_ms * verify_cost / (C + 1)
     U       = sum over rows of the tokens the row is expected to emit / step_ms
 
 C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a one-token forward,
-`tokens` the verified tokens (1 + drafts per row; a plain row emits 1). Pass times per drafter,
+`verify_cost` what the verify forwards cost in the linear model (C + n for a forward of n tokens) as
+the decoder runs them: each right-padded to its widest row (1 + drafts; a plain row 1), cut by width
+into a few forwards where that is cheaper. So a row going plain, or narrowing, beside rows that
+draft wider saves only its share of a drafter's pass, unless its width gets a forward of its own (a
+model that counted each row's own tokens took plain steps for 30% of a chat-heavy mix's rows, which
+padding made as dear as drafting, and priced a DFly row beside MTP rows at its own 16 tokens where the
+forward costs every row 16, or one forward more). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter are measured online (`ModeCosts`): the row's own
 record with the drafter, shrunk toward what the drafter emits for rows of the row's mode (the router
 sends each mode its own traffic: chat to one, code to another) or, while that is thin, for every row.
@@ -20,8 +26,8 @@ A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are 
 A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
 about 1.5x a one-token forward, close to the 1.45x the demo bundle's card measures, and a drafter that
 does not pay at batch 1 should not draft there either (seen on the demo bundle, one code or math
-request at a time: 137 tok/s when such rows kept DFly's drafter, 167 on an MTP worker). Rows never move to a wider drafter than their mode's, and rows in a plain
-(`ar`) mode never draft.
+request at a time: 137 tok/s when such rows kept DFly's drafter, 167 on an MTP worker). Rows never
+move to a wider drafter than their mode's, and rows in a plain (`ar`) mode never draft.
 
 So that a wide mode's rows have a figure for the narrow drafter before it is needed, rows keeping their
 own wide drafter draft with the narrow one every `MODE_PROBE_EVERY`-th step until `MODE_MIN` of their
@@ -41,8 +47,11 @@ drafter that sat out catches up on the context it has not seen at its next pass.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations, pairwise
 from typing import Any
 
 EMA = 0.05              # weight of a new observation in the running means
@@ -57,19 +66,61 @@ MODE_PROBE_EVERY = 4    # until then, wide rows keeping their own drafter try th
 
 @dataclass(frozen=True)
 class Option:
-    key: int            # id() of the drafter (PLAIN: none)
-    width: int          # drafts it verifies per step
-    tokens: float       # tokens a step is expected to emit for the row with it
+    key: int                 # id() of the drafter (PLAIN: none)
+    width: int               # drafts it verifies per step
+    tokens: float            # tokens a step is expected to emit for the row with it
+    backlog: int = 0         # new context positions of the row that drafter has not seen yet
+    steps_left: float = math.inf   # steps the row is expected to take with it (what a catch-up is spread over)
 
 
-def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: float, bound: float) -> float:
-    tokens = sum(1 + o.width for o in choice)
-    return sum(draft_ms.get(k, 0.0) for k in {o.key for o in choice} if k != PLAIN) + \
-        unit_ms * (bound + tokens) / (bound + 1.0)
+def steady_context(width: int) -> int:
+    """Most new context positions a row brings a drafter of `width` in a steady step (more: a catch-up on
+    a prompt, or on steps spent with another drafter or none, drafted in a call of its own)."""
+    return 2 * width + 2
+
+
+def verify_cost(widths: Sequence[int], bound: float, max_groups: int = 3) -> float:
+    """What verifying rows of these draft `widths` costs, in one-token units of the linear model (a
+    forward of n tokens: bound + n), as the decoder verifies them: right-padded to the widest row of
+    its forward, in at most `max_groups` forwards cut by width when that is cheaper (`engines.step
+    .width_groups`, D-Cut's `plan_groups`). So a row going plain beside drafting rows saves nothing
+    unless it gets a forward of its own, and a wide row makes every row of its forward wide."""
+    counts = Counter(widths)
+    levels = sorted(counts, reverse=True)   # widest first: a forward covers consecutive levels
+    rows = [counts[w] for w in levels]
+    best = math.inf
+    for n_cuts in range(min(max_groups, len(levels))):
+        for cuts in combinations(range(1, len(levels)), n_cuts):
+            edges = (0, *cuts, len(levels))
+            best = min(best, sum(bound + sum(rows[a:b]) * (1 + levels[a]) for a, b in pairwise(edges)))
+    return best
+
+
+def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: float, bound: float,
+            catchup_ms: Mapping[int, float] | None = None) -> float:
+    """Predicted time of a step where row i takes `choice[i]`: each drafter's pass, the verify forwards,
+    and the catch-ups. A drafter that has fallen behind on a row (`backlog` beyond a steady step's) reads
+    that context first, in a pass of its own, at `catchup_ms` a position; the cost is paid once, so it is
+    spread over the steps the row is expected to take with it. Unpriced, the catch-ups made a multi-mode
+    worker on multilingual traffic 5-10% slower than an MTP worker: DFly-mode rows drafting with MTP's
+    drafter went back to DFly's now and then, and each time it read their whole prompt again. A drafter
+    whose pass is not measured yet is priced as the dearest one measured: counted free, it once kept a
+    batch of DFly rows wide and sent the MTP row beside them plain, to save MTP's pass."""
+    unseen = max(draft_ms.values(), default=0.0)
+    ms = unit_ms * verify_cost([o.width for o in choice], bound) / (bound + 1.0)
+    for k in {o.key for o in choice} - {PLAIN}:
+        rows = [o for o in choice if o.key == k]
+        late = [o for o in rows if o.backlog > steady_context(o.width)]
+        ms += draft_ms.get(k, unseen)
+        if late and catchup_ms:
+            extra = catchup_ms.get(k, 0.0) * max(o.backlog for o in late) + \
+                (draft_ms.get(k, unseen) if len(late) < len(rows) else 0.0)
+            ms += extra / max(1.0, min(o.steps_left for o in late))
+    return ms
 
 
 def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], unit_ms: float,
-           bound: float) -> list[int]:
+           bound: float, catchup_ms: Mapping[int, float] | None = None) -> list[int]:
     """Per row, the index of its option (0: its own mode's drafter, then narrower drafters, then
     PLAIN: no drafting this step) that maximises U (module docstring). Greedy from every row on its
     own: the rows with alternatives, widest first, each take the alternative that raises U most if it
@@ -77,7 +128,7 @@ def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], u
     narrowest drafter, all plain: which also saves a drafter's pass) is tried as well."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
-        return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound), 1e-9)
+        return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound, catchup_ms), 1e-9)
 
     choice = [0] * len(options)
     movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
@@ -103,6 +154,7 @@ class ModeCosts:
     """What `choose` needs, measured by the decoder as it runs (owned by its model thread)."""
 
     draft_ms: dict[int, float] = field(default_factory=dict)     # id(drafter) -> one pass (EMA)
+    catchup_ms: dict[int, float] = field(default_factory=dict)   # id(drafter) -> a catch-up's ms per position (EMA)
     unit_ms: float = 0.0                                        # one-token forward (EMA; 0: none yet)
     mean_tokens: dict[int, float] = field(default_factory=dict)  # id(drafter) -> tokens per drafted row-step
     warm: set[int] = field(default_factory=set)                 # drafters whose first pass has been seen
@@ -120,14 +172,20 @@ class ModeCosts:
         """Steps since `drafter` last drafted (since the first step when it never has)."""
         return self.step - self.last_used.get(id(drafter), 0)
 
-    def observe_draft(self, drafter: Any, ms: float) -> None:
-        """One steady pass of `drafter` took `ms` (its first pass, which builds lookup tables, is not counted:
-        a cold start would keep a drafter that then never drafts looking dear for good)."""
+    def observe_pass(self, drafter: Any, ms: float, context: int, width: int) -> None:
+        """One pass of `drafter` at `width` over rows bringing at most `context` new positions took `ms`: a
+        steady pass into its pass time, a catch-up into its time per position beyond a pass. Its first pass,
+        which builds lookup tables, is not counted: a cold start would keep a drafter that then never drafts
+        looking dear for good."""
         k = id(drafter)
         if k not in self.warm:
             self.warm.add(k)
             return
-        self.draft_ms[k] = ms if k not in self.draft_ms else (1 - EMA) * self.draft_ms[k] + EMA * ms
+        if context <= steady_context(width):
+            self.draft_ms[k] = ms if k not in self.draft_ms else (1 - EMA) * self.draft_ms[k] + EMA * ms
+        elif k in self.draft_ms:
+            per = max(0.0, ms - self.draft_ms[k]) / context
+            self.catchup_ms[k] = per if k not in self.catchup_ms else (1 - EMA) * self.catchup_ms[k] + EMA * per
 
     def observe_verify(self, ms: float, tokens: int, bound: float) -> None:
         """One verify forward of `tokens` tokens took `ms`: the one-token forward it implies."""
@@ -174,10 +232,11 @@ def _average(mean: float, x: float, n: int) -> float:
     return (1 - w) * mean + w * x
 
 
-def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None:
+def step_drafters(decoder: Any, slots: Sequence[int], remaining: Sequence[int] | None = None) -> list[str | None] | None:
     """For a decoder serving several modes: per row the mode whose drafter drafts it this step (None:
     its own; `PLAIN_STEP`: none), or None for the whole step when nothing moves (one mode, nothing
-    measured yet)."""
+    measured yet). `remaining[b]`: tokens row b may still emit, over which a catch-up is spread (None:
+    catch-ups are not priced)."""
     modes = getattr(decoder, "modes", None)
     bound = float(getattr(decoder, "compute_bound_tokens", 0.0))
     costs: ModeCosts | None = getattr(decoder, "costs", None)
@@ -190,18 +249,19 @@ def step_drafters(decoder: Any, slots: Sequence[int]) -> list[str | None] | None
     costs.step += 1
     plain = Option(PLAIN, 0, 1.0)
     options: list[list[Option]] = []
-    for s in slots:
+    for b, s in enumerate(slots):
         st = decoder.slots[s]
-        d = st.drafter
-        if d is None:
+        if st.drafter is None:
             options.append([plain])
             continue
-        row = [Option(id(d), int(d.max_draft), costs.expected(st.records.get(id(d)), d, st.mode))]
-        if int(d.max_draft) > int(narrow.max_draft):
-            row.append(Option(id(narrow), int(narrow.max_draft),
-                              costs.expected(st.records.get(id(narrow)), narrow, st.mode)))
+        row = []
+        for d in (st.drafter, narrow) if int(st.drafter.max_draft) > int(narrow.max_draft) else (st.drafter,):
+            tokens = costs.expected(st.records.get(id(d)), d, st.mode)
+            pending = st.pending.get(id(d))
+            row.append(Option(id(d), int(d.max_draft), tokens, len(pending.next_tokens) if pending else 0,
+                              remaining[b] / tokens if remaining is not None else math.inf))
         options.append([*row, plain])
-    picked = choose(options, costs.draft_ms, costs.unit_ms, bound)
+    picked = choose(options, costs.draft_ms, costs.unit_ms, bound, costs.catchup_ms)
     if costs.idle(narrow) >= PROBE_EVERY:   # probe: rows gone plain that could draft with it do
         picked = [next((j for j, o in enumerate(opts) if o.key == id(narrow)), c)
                   if opts[c].key == PLAIN else c for opts, c in zip(options, picked, strict=True)]

@@ -37,7 +37,7 @@ from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import GenerationResult, next_token
 from engines.model import ForwardOut, KVCache, Transformer
-from engines.modes import PLAIN_STEP, ModeCosts
+from engines.modes import PLAIN_STEP, ModeCosts, steady_context
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator
 from engines.slots import SlotState, backlog_groups
@@ -247,16 +247,15 @@ class SpecDecoder:
         parts: list[tuple[list[int], Proposal]] = []
         for drafter, rows in by_drafter.values():
             self.costs.used(drafter)
-            t_d = time.perf_counter()
             ctx = self._context(drafter, [slots[b] for b in rows], [states[b] for b in rows])
             kd = min(k, drafter.max_draft, MAX_DRAFT)
-            groups = backlog_groups(ctx.valid.sum(1).tolist(), 2 * kd + 2) if drafter.supports_dcut else [rows]
+            new = ctx.valid.sum(1).tolist()
+            groups = backlog_groups(new, steady_context(kd)) if drafter.supports_dcut else [list(range(len(rows)))]
             for g in groups:   # rows catching up on a prompt or a backlog apart: the others are not padded to it
-                sub = ctx if len(g) == len(rows) else ctx.subset(g)
+                sub, t_d = ctx if len(g) == len(rows) else ctx.subset(g), time.perf_counter()
                 parts.append(([rows[r] for r in g] if len(g) < len(rows) else rows,
                               self._propose(drafter, sub, kd, [states[rows[r]] for r in g])))
-            if ctx.feats.shape[1] <= 2 * kd + 2:   # a steady pass, not a catch-up on a prompt or a backlog
-                self.costs.observe_draft(drafter, (time.perf_counter() - t_d) * 1000.0)
+                self.costs.observe_pass(drafter, (time.perf_counter() - t_d) * 1000.0, max(new[r] for r in g), kd)
         B = len(slots)
         proposal = parts[0][1] if len(parts) == 1 and len(parts[0][0]) == B and parts[0][0] == list(range(B)) \
             else Proposal.merge(parts, B)

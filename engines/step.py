@@ -74,7 +74,7 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
     t0 = time.perf_counter()
     sel: Selection | None = None
     raw = None
-    use = step_drafters(decoder, slots) if k > 0 else None   # several modes: who drafts with what
+    use = step_drafters(decoder, slots, remaining) if k > 0 else None   # several modes: who drafts with what
     proposal = (decoder.draft(slots, k, use) if use is not None else decoder.draft(slots, k)) if k > 0 else None
     K = int(proposal.tokens.shape[1]) if proposal is not None else 0
     keep = proposal.limits() if proposal is not None else [0] * B

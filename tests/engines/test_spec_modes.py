@@ -5,6 +5,7 @@ a mode the decoder does not serve is refused."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -170,6 +171,47 @@ def test_choose_narrows_wide_rows_where_the_step_gains():
     assert choose([[Option(1, 15, 3.3), Option(2, 3, 3.2)]], draft_ms, unit, bound) == [1]
 
 
+def test_the_step_is_priced_as_the_decoder_verifies_it():
+    """Verify forwards are padded to their widest row, cut by width where that is cheaper: a row going
+    plain beside rows that draft saves nothing there, and a DFly row beside MTP rows costs a forward."""
+    from engines.dcut.selection import plan_groups
+    from engines.modes import Option, choose, verify_cost
+
+    rng = random.Random(0)
+    for _ in range(200):
+        widths = [rng.choice((0, 3, 7, 15)) for _ in range(rng.randint(1, 12))]
+        _, cost = plan_groups(widths, 15, LinearCost(27.0, 15))
+        assert verify_cost(widths, 27.0) == pytest.approx(cost), widths
+    assert verify_cost([3, 3, 3, 3], 27.0) == 27.0 + 16 == verify_cost([3, 3, 3, 0], 27.0)
+    # rows at T=1 whose drafts are hardly accepted: alone, or with the whole batch, they go plain; beside
+    # rows that accept they keep drafting, since plain would not make the forward cheaper
+    draft_ms, unit, bound = {2: 5.0}, 12.0, 27.0
+    hot, cold = [Option(2, 3, 1.3), Option(-1, 0, 1.0)], [Option(2, 3, 3.2), Option(-1, 0, 1.0)]
+    assert choose([hot] * 4, draft_ms, unit, bound) == [1] * 4
+    assert choose([hot, hot, cold, cold], draft_ms, unit, bound) == [0] * 4
+    # a drafter not measured yet is priced as the dearest one measured: counted free, it keeps these
+    # seven wide rows wide, where drafting them with the measured narrow drafter does better
+    wide, cold = [Option(1, 15, 7.0), Option(2, 3, 3.0), Option(-1, 0, 1.0)], [Option(2, 3, 3.0), Option(-1, 0, 1.0)]
+    assert choose([wide] * 7 + [cold], {2: 7.5}, 8.5, 21.4) == [1] * 7 + [0]
+    assert choose([wide] * 7 + [cold], {1: 0.0, 2: 7.5}, 8.5, 21.4) == [0] * 8
+
+
+def test_a_drafter_behind_on_a_row_is_priced_with_its_catch_up():
+    """A wide row that drafted narrow for a while has left its own drafter behind: going back costs a
+    pass over that context, spread over the steps the row has left; near its end it stays narrow."""
+    from engines.modes import Option, choose
+
+    draft_ms, catchup, unit, bound = {1: 8.0, 2: 7.0}, {1: 0.07, 2: 0.05}, 7.0, 22.0
+
+    def row(backlog: int, left: int) -> list[Option]:
+        return [Option(1, 15, 5.0, backlog, left / 5.0), Option(2, 3, 3.0, 0, left / 3.0), Option(-1, 0, 1.0)]
+
+    assert choose([row(0, 60)], draft_ms, unit, bound, catchup) == [0]        # steady: its own drafter pays
+    assert choose([row(300, 60)], draft_ms, unit, bound, catchup) == [0]      # behind, with a long way to go
+    assert choose([row(300, 10)], draft_ms, unit, bound, catchup) == [1]      # behind, nearly done
+    assert choose([row(300, 10)], draft_ms, unit, bound) == [0]               # catch-ups unpriced
+
+
 def test_a_modes_rows_are_judged_on_what_the_drafter_does_for_that_mode():
     """The router sends each mode its own traffic: MTP's figure on chat rows says little about what it
     would emit for code rows in the DFly mode. A row's prior is the drafter's mean on rows of its mode
@@ -218,9 +260,13 @@ def test_mode_costs_ignore_a_drafters_cold_first_pass():
     d = torch.nn.Linear(1, 1)
     d.max_draft = 15   # type: ignore[attr-defined]
     c = ModeCosts()
-    c.observe_draft(d, 60.0)            # builds its tables: not its cost
-    c.observe_draft(d, 9.0)
+    c.observe_pass(d, 60.0, 300, 15)    # builds its tables: not its cost
+    c.observe_pass(d, 40.0, 300, 15)    # a catch-up before any steady pass: nothing to measure it against
+    assert c.catchup_ms == {}
+    c.observe_pass(d, 9.0, 16, 15)
     assert c.draft_ms[id(d)] == 9.0
+    c.observe_pass(d, 39.0, 300, 15)    # a catch-up: what it took beyond a pass, per position
+    assert c.catchup_ms[id(d)] == pytest.approx(0.1) and c.draft_ms[id(d)] == 9.0
     c.observe_verify(20.0, 16, 27.0)
     assert c.unit_ms == pytest.approx(20.0 * 28 / 43)
     assert c.expected(None, d) == pytest.approx(1 + 0.3 * 15)   # nothing seen: the width's prior
