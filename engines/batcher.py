@@ -109,6 +109,7 @@ class Batcher:
         self.rows_drafted = 0             # rows verified with >= 1 draft (vLLM's num_drafts)
         self.decode_steps = 0
         self.accepted_total = 0           # drafts accepted (vLLM's num_accepted_tokens)
+        self._last_decode: tuple[float, float] | None = None   # (start, its draft + verify seconds): a plain decode step
 
     # --- public API (any thread) ------------------------------------------------------------------
     def start(self) -> Batcher:
@@ -233,6 +234,13 @@ class Batcher:
                 return True
 
     def _step(self) -> None:
+        t_step = time.perf_counter()
+        if self._last_decode is not None:   # the last step only decoded: what it cost beyond its forwards
+            t0, modeled = self._last_decode
+            costs = getattr(self.decoder, "costs", None)
+            if costs is not None:
+                costs.observe_step((t_step - t0) * 1000.0, modeled * 1000.0)
+            self._last_decode = None
         now = time.monotonic()
         for group in (self._running, self._prefilling):
             for a in list(group):
@@ -248,9 +256,14 @@ class Batcher:
                     self._pending -= 1
                 self._finish(a, reason)
         self._admit()
+        prefilling = bool(self._prefilling)
         self._prefill()
         if self._running:
+            timing = getattr(self.decoder, "timing", None)   # (test doubles have none)
+            spent = timing.draft_s + timing.verify_s if timing is not None else 0.0
             self._decode()
+            if not prefilling and timing is not None:
+                self._last_decode = (t_step, timing.draft_s + timing.verify_s - spent)
         self.steps += 1
         self.observer.on_load(len(self._running) + len(self._prefilling), self._pending)
 

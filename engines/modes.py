@@ -8,7 +8,7 @@ not drafting at all (D-Cut's finding for single-mode workers). So, step by step,
 draft with the narrowest speculative mode's drafter instead of its own, or take a plain step, when
 that raises the step's expected tokens per millisecond under the measured cost model:
 
-    step_ms = sum over the drafters used of their pass time + unit_ms * verify_cost / (C + 1)
+    step_ms = overhead + sum over the drafters used of their pass time + unit_ms * verify_cost / (C + 1)
     U       = sum over rows of the tokens the row is expected to emit / step_ms
 
 C is the target's `compute_bound_tokens` (engines/forward_cost.py), `unit_ms` a one-token forward,
@@ -18,7 +18,11 @@ into a few forwards where that is cheaper. So a row going plain, or narrowing, b
 draft wider saves only its share of a drafter's pass, unless its width gets a forward of its own (a
 model that counted each row's own tokens took plain steps for 30% of a chat-heavy mix's rows, which
 padding made as dear as drafting, and priced a DFly row beside MTP rows at its own 16 tokens where the
-forward costs every row 16, or one forward more). Pass times per drafter,
+forward costs every row 16, or one forward more). `overhead` is what a step costs outside its drafter
+and target calls (choosing, emitting and streaming tokens, the loop), measured between steps: a plain
+step pays it for one token a row. Left out, a multi-mode worker behind the gateway took whole plain
+steps for a third of a chat-heavy mix's steps, at T=0 rows too, and ran at all-AR's pace (305 tok/s
+against all-MTP's 350 and all-AR's 302, `routing.json` of 874b1f1). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter are measured online (`ModeCosts`): the row's own
 record with the drafter, shrunk toward what the drafter emits for rows of the row's mode (the router
 sends each mode its own traffic: chat to one, code to another) or, while that is thin, for every row.
@@ -97,7 +101,7 @@ def verify_cost(widths: Sequence[int], bound: float, max_groups: int = 3) -> flo
 
 
 def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: float, bound: float,
-            catchup_ms: Mapping[int, float] | None = None) -> float:
+            catchup_ms: Mapping[int, float] | None = None, overhead_ms: float = 0.0) -> float:
     """Predicted time of a step where row i takes `choice[i]`: each drafter's pass, the verify forwards,
     and the catch-ups. A drafter that has fallen behind on a row (`backlog` beyond a steady step's) reads
     that context first, in a pass of its own, at `catchup_ms` a position; the cost is paid once, so it is
@@ -107,7 +111,7 @@ def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: fl
     whose pass is not measured yet is priced as the dearest one measured: counted free, it once kept a
     batch of DFly rows wide and sent the MTP row beside them plain, to save MTP's pass."""
     unseen = max(draft_ms.values(), default=0.0)
-    ms = unit_ms * verify_cost([o.width for o in choice], bound) / (bound + 1.0)
+    ms = overhead_ms + unit_ms * verify_cost([o.width for o in choice], bound) / (bound + 1.0)
     for k in {o.key for o in choice} - {PLAIN}:
         rows = [o for o in choice if o.key == k]
         late = [o for o in rows if o.backlog > steady_context(o.width)]
@@ -120,7 +124,7 @@ def step_ms(choice: Sequence[Option], draft_ms: Mapping[int, float], unit_ms: fl
 
 
 def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], unit_ms: float,
-           bound: float, catchup_ms: Mapping[int, float] | None = None) -> list[int]:
+           bound: float, catchup_ms: Mapping[int, float] | None = None, overhead_ms: float = 0.0) -> list[int]:
     """Per row, the index of its option (0: its own mode's drafter, then narrower drafters, then
     PLAIN: no drafting this step) that maximises U (module docstring). Greedy from every row on its
     own: the rows with alternatives, widest first, each take the alternative that raises U most if it
@@ -128,7 +132,7 @@ def choose(options: Sequence[Sequence[Option]], draft_ms: Mapping[int, float], u
     narrowest drafter, all plain: which also saves a drafter's pass) is tried as well."""
     def u(ch: Sequence[int]) -> float:
         picked = [options[i][c] for i, c in enumerate(ch)]
-        return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound, catchup_ms), 1e-9)
+        return sum(o.tokens for o in picked) / max(step_ms(picked, draft_ms, unit_ms, bound, catchup_ms, overhead_ms), 1e-9)
 
     choice = [0] * len(options)
     movable = sorted((i for i, o in enumerate(options) if len(o) > 1), key=lambda i: -options[i][0].width)
@@ -156,6 +160,7 @@ class ModeCosts:
     draft_ms: dict[int, float] = field(default_factory=dict)     # id(drafter) -> one pass (EMA)
     catchup_ms: dict[int, float] = field(default_factory=dict)   # id(drafter) -> a catch-up's ms per position (EMA)
     unit_ms: float = 0.0                                        # one-token forward (EMA; 0: none yet)
+    step_overhead_ms: float = 0.0                               # a decode step's time outside its forwards (EMA)
     mean_tokens: dict[int, float] = field(default_factory=dict)  # id(drafter) -> tokens per drafted row-step
     warm: set[int] = field(default_factory=set)                 # drafters whose first pass has been seen
     rows_seen: dict[int, int] = field(default_factory=dict)     # id(drafter) -> drafted row-steps observed
@@ -186,6 +191,13 @@ class ModeCosts:
         elif k in self.draft_ms:
             per = max(0.0, ms - self.draft_ms[k]) / context
             self.catchup_ms[k] = per if k not in self.catchup_ms else (1 - EMA) * self.catchup_ms[k] + EMA * per
+
+    def observe_step(self, ms: float, modeled_ms: float) -> None:
+        """A decode step (no prefill in it) took `ms` from its start to the next step's, of which its drafting
+        and verify calls took `modeled_ms`: the rest (choosing, emitting, streaming, the loop) is a cost per
+        step that a plain step pays for fewer tokens."""
+        extra = max(0.0, ms - modeled_ms)
+        self.step_overhead_ms = extra if self.step_overhead_ms <= 0 else (1 - EMA) * self.step_overhead_ms + EMA * extra
 
     def observe_verify(self, ms: float, tokens: int, bound: float) -> None:
         """One verify forward of `tokens` tokens took `ms`: the one-token forward it implies."""
@@ -261,7 +273,7 @@ def step_drafters(decoder: Any, slots: Sequence[int], remaining: Sequence[int] |
             row.append(Option(id(d), int(d.max_draft), tokens, len(pending.next_tokens) if pending else 0,
                               remaining[b] / tokens if remaining is not None else math.inf))
         options.append([*row, plain])
-    picked = choose(options, costs.draft_ms, costs.unit_ms, bound, costs.catchup_ms)
+    picked = choose(options, costs.draft_ms, costs.unit_ms, bound, costs.catchup_ms, costs.step_overhead_ms)
     if costs.idle(narrow) >= PROBE_EVERY:   # probe: rows gone plain that could draft with it do
         picked = [next((j for j, o in enumerate(opts) if o.key == id(narrow)), c)
                   if opts[c].key == PLAIN else c for opts, c in zip(options, picked, strict=True)]

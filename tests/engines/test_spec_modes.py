@@ -6,6 +6,7 @@ a mode the decoder does not serve is refused."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 
 import pytest
@@ -189,6 +190,9 @@ def test_the_step_is_priced_as_the_decoder_verifies_it():
     hot, cold = [Option(2, 3, 1.3), Option(-1, 0, 1.0)], [Option(2, 3, 3.2), Option(-1, 0, 1.0)]
     assert choose([hot] * 4, draft_ms, unit, bound) == [1] * 4
     assert choose([hot, hot, cold, cold], draft_ms, unit, bound) == [0] * 4
+    # what a step costs beyond its forwards (emitting, streaming) is paid per step: with enough of it,
+    # even those hot rows get more tokens per ms drafting
+    assert choose([hot] * 4, draft_ms, unit, bound, overhead_ms=20.0) == [0] * 4
     # a drafter not measured yet is priced as the dearest one measured: counted free, it keeps these
     # seven wide rows wide, where drafting them with the measured narrow drafter does better
     wide, cold = [Option(1, 15, 7.0), Option(2, 3, 3.0), Option(-1, 0, 1.0)], [Option(2, 3, 3.0), Option(-1, 0, 1.0)]
@@ -318,3 +322,20 @@ def test_a_narrow_drafter_left_out_is_probed_before_rows_stay_plain_for_good():
     assert probes[:2] == [PROBE_EVERY - 1, PROBE_EVERY]        # the probe, then a choice on the revised figure
     assert dec.costs.mean_tokens[id(narrow)] > 1.5
     assert all(b - a <= PROBE_EVERY for a, b in zip(probes, [*probes[1:], 3 * PROBE_EVERY], strict=True))
+
+
+def test_a_batcher_measures_what_its_steps_cost_beyond_their_forwards():
+    """The batcher times each decode step (no prefill in it) to the next and hands the multi-mode cost
+    model what its drafter and target calls did not take."""
+    from engines.batcher import Batcher
+    from engines.requests import BatcherConfig, GenRequest
+
+    target = make_target()
+    dec = multi_decoder(target, 2)
+    b = Batcher(dec, CharTok.decode, [], BatcherConfig(max_running=2, max_waiting=4, max_len=160)).start()
+    done = [threading.Event() for _ in range(2)]
+    for i, p in enumerate(prompts(2, seed=9)):
+        b.submit(GenRequest(p, max_tokens=24, mode="wide"), lambda ev, e=done[i]: e.set() if ev.finish_reason else None)
+    assert all(e.wait(30) for e in done)
+    b.stop()
+    assert dec.costs.step_overhead_ms > 0.0
