@@ -109,7 +109,7 @@ class Batcher:
         self.rows_drafted = 0             # rows verified with >= 1 draft (vLLM's num_drafts)
         self.decode_steps = 0
         self.accepted_total = 0           # drafts accepted (vLLM's num_accepted_tokens)
-        self._last_decode: tuple[float, float] | None = None   # (start, its draft + verify seconds): a plain decode step
+        self._last_decode: tuple[float, float] | None = None   # (start, draft + verify seconds) of a prefill-free decode step
 
     # --- public API (any thread) ------------------------------------------------------------------
     def start(self) -> Batcher:
@@ -262,7 +262,7 @@ class Batcher:
             timing = getattr(self.decoder, "timing", None)   # (test doubles have none)
             spent = timing.draft_s + timing.verify_s if timing is not None else 0.0
             self._decode()
-            if not prefilling and timing is not None:
+            if not prefilling and timing is not None and self._running:   # (rows left: the loop does not wait)
                 self._last_decode = (t_step, timing.draft_s + timing.verify_s - spent)
         self.steps += 1
         self.observer.on_load(len(self._running) + len(self._prefilling), self._pending)
