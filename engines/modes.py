@@ -21,7 +21,7 @@ padding made as dear as drafting, and priced a DFly row beside MTP rows at its o
 forward costs every row 16, or one forward more). `overhead` is what a step costs outside its drafter
 and target calls (choosing, emitting and streaming tokens, the loop), measured between steps: a plain
 step pays it for one token a row. Left out, a multi-mode worker behind the gateway took whole plain
-steps for a third of a chat-heavy mix's steps, at T=0 rows too, and ran at all-AR's pace (305 tok/s
+steps for half of a chat-heavy mix's steps, at T=0 rows too, and ran at all-AR's pace (305 tok/s
 against all-MTP's 350 and all-AR's 302, `routing.json` of 874b1f1). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter are measured online (`ModeCosts`): the row's own
 record with the drafter, shrunk toward what the drafter emits for rows of the row's mode (the router
