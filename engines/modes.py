@@ -88,7 +88,9 @@ def verify_cost(widths: Sequence[int], bound: float, max_groups: int = 3) -> flo
     forward of n tokens: bound + n), as the decoder verifies them: right-padded to the widest row of
     its forward, in at most `max_groups` forwards cut by width when that is cheaper (`engines.step
     .width_groups`, D-Cut's `plan_groups`). So a row going plain beside drafting rows saves nothing
-    unless it gets a forward of its own, and a wide row makes every row of its forward wide."""
+    unless it gets a forward of its own, and a wide row makes every row of its forward wide. Pure Python
+    over the few distinct widths: `choose` prices a dozen choices a step, where `plan_groups`' numpy
+    setup would cost more than the sums (the tests check both give the same cost)."""
     counts = Counter(widths)
     levels = sorted(counts, reverse=True)   # widest first: a forward covers consecutive levels
     rows = [counts[w] for w in levels]

@@ -24,7 +24,7 @@ from engines.dcut.controller import DcutController
 from engines.dcut.selection import Selection, plan_groups, prefix_scores
 from engines.drafters.base import Proposal
 from engines.forward_cost import LinearCost
-from engines.modes import step_drafters
+from engines.modes import steady_context, step_drafters
 from engines.spec import SpecDecoder
 from specroute.contracts.context import temperature_bucket
 
@@ -90,7 +90,7 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
     t2 = time.perf_counter()
     kept_fraction = sum(keep) / (B * K) if K else None
     if sel is not None and raw is not None and dcut is not None:
-        steady = decoder.last_ingest <= 2 * k_max + 2     # not a catch-up on a long backlog
+        steady = decoder.last_ingest <= steady_context(k_max)     # not a catch-up on a long backlog
         dcut.observe(raw, keep, [len(o) - 1 for o in out], kept_fraction or 0.0,
                      overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel,
                      buckets=buckets_of(decoder, slots))
