@@ -67,6 +67,7 @@ from bench.routing_metrics import (
     default_pools,
     identity,
     median_round,
+    paired_regret,
     regret,
     served_by,
     suite_totals,
@@ -191,6 +192,9 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
                 arms[arm]["switch"] = switch_point(rows[arm], change, base, better[change], window)
                 arms[arm]["switch_by_drafter"] = switch_point(rows[arm], change, base, better[change], window,
                                                               on=served_by, targets=servers)
+    reg = regret({a: v["summary"]["output_tokens_per_s"] for a, v in arms.items()})
+    if reg and any(len(rr) > 1 for rr in rounds.values()):
+        reg["paired"] = paired_regret({a: v["rounds_output_tokens_per_s"] for a, v in arms.items()}, reg["best_arm"])
     t0_texts = {arm if len(rr) == 1 else f"{arm}#{k + 1}":
                 {r["index"]: r["text"] for r in rs if r["ok"] and r["temperature"] == 0.0 and "text" in r}
                 for arm, rr in rounds.items() for k, rs in enumerate(rr)}
@@ -198,7 +202,7 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
             "phases": [{"share": ph.share, "domains": dict(ph.domains),
                         "temperatures": {str(k): v for k, v in ph.temperatures.items()},
                         "non_english": ph.non_english, "concurrency": ph.concurrency or conc} for ph in sc.phases],
-            "arms": arms, "regret": regret({a: v["summary"]["output_tokens_per_s"] for a, v in arms.items()}),
+            "arms": arms, "regret": reg,
             "better_pools": {str(k): v for k, v in better.items()}, "ceiling": cell_ceiling(fleets),
             "t0_identity": identity(t0_texts, reference=next((a for a in t0_texts if a.split("#")[0] == "all-ar"), None))}
 

@@ -215,6 +215,19 @@ def regret(tps: Mapping[str, float]) -> dict[str, Any]:
                        for a, v in tps.items()}}
 
 
+def paired_regret(rounds: Mapping[str, Sequence[float]], best: str) -> dict[str, Any]:
+    """Per arm: its shortfall against `best` round by round (the arms of one round run back to back, minutes
+    apart, so each round's ratio cancels the machine's drift between rounds), and the median of those."""
+    ref = rounds.get(best, ())
+    out: dict[str, Any] = {"reference": best, "relative_by_round": {}, "median_relative": {}}
+    for arm, tps in rounds.items():
+        rel = [round(1 - v / b, 4) for v, b in zip(tps, ref, strict=False) if b > 0]
+        if rel:
+            out["relative_by_round"][arm] = rel
+            out["median_relative"][arm] = round(statistics.median(rel), 4)
+    return out
+
+
 def identity(texts: Mapping[str, Mapping[int, str]], reference: str | None = None,
              max_examples: int = 5) -> dict[str, Any]:
     """Temperature-0 outputs per arm (index -> text): how many differ from the reference arm's."""

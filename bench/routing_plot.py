@@ -59,6 +59,9 @@ def table(report: dict[str, Any]) -> str:
             extra = " ".join(f"{p}={v:.2f}" for p, v in s["pool_shares"].items())
             if "rounds_output_tokens_per_s" in r:
                 extra += "  rounds " + "/".join(f"{x:.0f}" for x in r["rounds_output_tokens_per_s"])
+                paired = cell["regret"].get("paired", {}).get("median_relative", {}).get(arm)
+                if paired is not None:
+                    extra += f"  paired regret {paired * 100:.1f}%"
             sw = r.get("switch")
             if sw and sw.get("affected_requests"):
                 extra += f"  switch@{sw['requests_until_90pct']}"

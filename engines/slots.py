@@ -14,6 +14,7 @@ from torch import Tensor
 
 from engines.drafters.base import Drafter
 from engines.sampling import SamplingParams
+from specroute.contracts.context import temperature_bucket
 from specroute.contracts.stats import AcceptanceStats
 
 
@@ -55,6 +56,11 @@ class SlotState:
     pending: dict[int, Pending] = field(default_factory=dict)   # id(drafter) -> what it has not seen
     records: dict[int, tuple[int, int]] = field(default_factory=dict)   # id(drafter) -> (steps, tokens) it drafted
     last_drafter: Drafter | None = None     # who drafted the row's proposal being verified
+
+    @property
+    def temp(self) -> str:
+        """The row's temperature bucket (`0`, `low`, `high`), what moves acceptance most."""
+        return temperature_bucket(self.params.temperature)
 
     def pending_for(self, drafter: Drafter) -> Pending:
         return self.pending.setdefault(id(drafter), Pending())

@@ -367,7 +367,7 @@ class SpecDecoder:
             if kept[b] > 0 and st.last_drafter is not None:   # what this drafter emits for this row
                 steps, toks = st.records.get(id(st.last_drafter), (0, 0))
                 st.records[id(st.last_drafter)] = (steps + 1, toks + a + 1)
-                self.costs.observe_row(st.last_drafter, a + 1, st.mode)
+                self.costs.observe_row(st.last_drafter, a + 1, st.mode, st.temp)
             st.y0 = row[-1]
             st.stats.record_step(kept[b], a, st.last_drafter.kind if st.last_drafter is not None else PLAIN)
             emitted.append(row)

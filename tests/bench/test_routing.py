@@ -17,6 +17,7 @@ from bench.routing_metrics import (
     default_pools,
     identity,
     median_round,
+    paired_regret,
     regret,
     served_by,
     suite_totals,
@@ -101,6 +102,8 @@ def test_summary_series_and_regret():
     assert ts["shares"]["dfly"][0] == 1.0 and ts["shares"]["mtp"][2] == 1.0 and ts["shares"]["mtp"][1] is None
     r = regret({"a": 100.0, "b": 90.0})
     assert r["best_arm"] == "a" and r["regret"]["b"] == {"tokens_per_s": 10.0, "relative": 0.1}
+    p = paired_regret({"a": [100.0, 80.0, 120.0], "b": [95.0, 84.0, 102.0]}, "a")   # round by round
+    assert p["relative_by_round"]["b"] == [0.05, -0.05, 0.15] and p["median_relative"] == {"a": 0.0, "b": 0.05}
     suite = suite_totals([{"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10}},
                           {"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10},
                            "static": {"output_tokens": 100, "wall_s": 20}}])

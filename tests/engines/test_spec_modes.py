@@ -236,6 +236,26 @@ def test_a_modes_rows_are_judged_on_what_the_drafter_does_for_that_mode():
     assert c.seen_in(d, "dfly") == 0 and c.expected(None, d, "dfly") == pytest.approx(1.9)   # the width's prior
 
 
+def test_a_rows_prior_is_its_modes_mean_at_its_temperature():
+    """A chat row at T=1 accepts about half of what one at T=0 does: its prior is the mean of its mode's
+    rows in its temperature bucket once MODE_MIN are seen, the mode's mean before; a row without a
+    bucket reads the mode's mean."""
+    from engines.modes import MODE_MIN, ModeCosts
+
+    d = torch.nn.Linear(1, 1)
+    d.max_draft = 3   # type: ignore[attr-defined]
+    c = ModeCosts()
+    for _ in range(MODE_MIN):
+        c.observe_row(d, 3, "mtp", "0")            # greedy chat rows: 3 tokens a step
+    for _ in range(MODE_MIN):
+        assert c.expected(None, d, "mtp", "high") == pytest.approx(c.mode_tokens[(id(d), "mtp")])
+        c.observe_row(d, 1, "mtp", "high")         # hot chat rows: 1
+    assert c.expected(None, d, "mtp", "high") == pytest.approx(1.0)
+    assert c.expected(None, d, "mtp", "0") == pytest.approx(3.0)
+    assert c.expected(None, d, "mtp") == pytest.approx(2.0)   # both buckets' rows
+    assert c.expected((4, 8), d, "mtp", "high") == pytest.approx(1.5)   # the row's own record, shrunk
+
+
 def test_wide_rows_try_the_narrow_drafter_until_their_mode_has_a_figure_for_it():
     """Rows of a wide mode keeping their own drafter draft with the narrow one every MODE_PROBE_EVERY-th
     step until MODE_MIN of their mode's row-steps are seen with it; then the cost model alone decides."""
