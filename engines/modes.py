@@ -24,10 +24,12 @@ step pays it for one token a row. Left out, a multi-mode worker behind the gatew
 steps for half of a chat-heavy mix's steps, at T=0 rows too, and ran at all-AR's pace (305 tok/s
 against all-MTP's 350 and all-AR's 302, `routing.json` of 874b1f1). Pass times per drafter,
 `unit_ms` and each row's expected tokens per drafter are measured online (`ModeCosts`): the row's own
-record with the drafter, shrunk toward what the drafter emits for rows of the row's mode and
-temperature bucket (the router sends each mode its own traffic: chat to one, code to another; and a
-chat row at T=1 accepts about half of what one at T=0 does, so a mode-wide mean misjudges a hot row's
-first steps), backing off to the mode's rows, then to every row, while those are thin.
+record with the drafter, shrunk toward what the drafter emits for rows of the row's class: its mode
+with the domain the router labelled it with and its temperature bucket, backing off to the mode at that
+temperature, the mode, then every row, while those are thin (`SlotState.classes`). The router sends
+each mode its own traffic, but not only one domain: when a workload drifts from code to chat, chat rows
+sent to the DFly mode would otherwise start from what DFly's drafter did for code, and draft 16 wide
+for steps where it accepts little; and a chat row at T=1 accepts about half of what one at T=0 does.
 A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are not its typical ones).
 A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
 about 1.5x a one-token forward, close to the 1.45x the demo bundle's card measures, and a drafter that
@@ -210,14 +212,14 @@ class ModeCosts:
         unit = ms * (bound + 1.0) / (bound + tokens)
         self.unit_ms = unit if self.unit_ms <= 0 else (1 - EMA) * self.unit_ms + EMA * unit
 
-    def observe_row(self, drafter: Any, tokens: int, mode: str = "", temp: str = "") -> None:
-        """A row-step of a row in `mode` at temperature bucket `temp` drafted by `drafter` emitted `tokens`:
-        into the drafter's mean, its mean for the mode and for the (mode, temperature) class, each a plain
-        average over its first 1 / EMA, then the EMA."""
+    def observe_row(self, drafter: Any, tokens: int, classes: Sequence[str] = ("",)) -> None:
+        """A row-step drafted by `drafter` emitted `tokens`: into the drafter's mean and its mean for each
+        of the row's `classes` (`SlotState.classes`), each a plain average over its first 1 / EMA, then
+        the EMA."""
         k = id(drafter)
         n = self.rows_seen[k] = self.rows_seen.get(k, 0) + 1
         self.mean_tokens[k] = _average(self.mean_tokens.get(k, 0.0), tokens, n)
-        for km in ((k, mode), (k, _class(mode, temp))) if temp else ((k, mode),):
+        for km in ((k, c) for c in classes):
             n = self.mode_seen[km] = self.mode_seen.get(km, 0) + 1
             self.mode_tokens[km] = _average(self.mode_tokens.get(km, 0.0), tokens, n)
 
@@ -233,22 +235,16 @@ class ModeCosts:
         """Row-steps of rows in `mode` that `drafter` drafted."""
         return self.mode_seen.get((id(drafter), mode), 0)
 
-    def expected(self, record: tuple[int, int] | None, drafter: Any, mode: str = "", temp: str = "") -> float:
-        """Tokens a step with `drafter` should emit for a row in `mode` at temperature bucket `temp` whose
-        record with it is (steps, tokens): the row's record shrunk toward the first of the (mode,
-        temperature) class, the mode and the drafter that has been seen enough."""
+    def expected(self, record: tuple[int, int] | None, drafter: Any, classes: Sequence[str] = ("",)) -> float:
+        """Tokens a step with `drafter` should emit for a row of `classes` (most specific first) whose
+        record with it is (steps, tokens): the record shrunk toward the mean of the first class that
+        has been seen `MODE_MIN` times, else the drafter's mean."""
         k = id(drafter)
-        keys = ((k, _class(mode, temp)), (k, mode)) if temp else ((k, mode),)
-        seen = next((km for km in keys if self.mode_seen.get(km, 0) >= MODE_MIN), None)
-        prior = self.mode_tokens[seen] if seen is not None else \
+        seen = next((c for c in classes if self.mode_seen.get((k, c), 0) >= MODE_MIN), None)
+        prior = self.mode_tokens[(k, seen)] if seen is not None else \
             self.mean_tokens.get(k, 1.0 + 0.3 * float(drafter.max_draft))
         steps, tokens = record or (0, 0)
         return (tokens + ROW_PRIOR * prior) / (steps + ROW_PRIOR)
-
-
-def _class(mode: str, temp: str) -> str:
-    """The key of a (mode, temperature bucket) class in `ModeCosts`' per-mode means."""
-    return f"{mode}|t={temp}"
 
 
 def _average(mean: float, x: float, n: int) -> float:
@@ -281,7 +277,7 @@ def step_drafters(decoder: Any, slots: Sequence[int], remaining: Sequence[int] |
             continue
         row = []
         for d in (st.drafter, narrow) if int(st.drafter.max_draft) > int(narrow.max_draft) else (st.drafter,):
-            tokens = costs.expected(st.records.get(id(d)), d, st.mode, st.temp)
+            tokens = costs.expected(st.records.get(id(d)), d, st.classes)
             pending = st.pending.get(id(d))
             row.append(Option(id(d), int(d.max_draft), tokens, len(pending.next_tokens) if pending else 0,
                               remaining[b] / tokens if remaining is not None else math.inf))

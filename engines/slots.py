@@ -49,6 +49,7 @@ class SlotState:
     y0: int | None = None           # last emitted token (not yet fed); None while prefilling
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)   # drafted = kept drafts, per step
     mode: str = ""                  # the engine mode (key of SpecDecoder.modes) this request runs in
+    domain: str = ""                # the request's domain as the router labelled it ("": unknown)
     drafter: Drafter | None = None  # that mode's drafter (None: plain decoding)
     # every drafter that may draft for this row (the mode's first; on a multi-mode decoder a speculative
     # row may draft with another mode's drafter in a busy step), each with its unseen context
@@ -58,9 +59,13 @@ class SlotState:
     last_drafter: Drafter | None = None     # who drafted the row's proposal being verified
 
     @property
-    def temp(self) -> str:
-        """The row's temperature bucket (`0`, `low`, `high`), what moves acceptance most."""
-        return temperature_bucket(self.params.temperature)
+    def classes(self) -> tuple[str, ...]:
+        """What the row's acceptance is judged by (`engines.modes.ModeCosts`), most specific first: its mode
+        with its domain and temperature bucket, its mode with its temperature bucket (what moves
+        acceptance most), its mode."""
+        t = temperature_bucket(self.params.temperature)
+        head = (f"{self.mode}|d={self.domain}|t={t}",) if self.domain else ()
+        return (*head, f"{self.mode}|t={t}", self.mode)
 
     def pending_for(self, drafter: Drafter) -> Pending:
         return self.pending.setdefault(id(drafter), Pending())

@@ -124,8 +124,9 @@ class SpecDecoder:
         return f
 
     # --- request lifecycle -------------------------------------------------------------------
-    def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams, mode: str | None = None) -> None:
-        """Take `slot` for a request in `mode` (None: the default mode)."""
+    def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams, mode: str | None = None,
+              domain: str = "") -> None:
+        """Take `slot` for a request in `mode` (None: the default mode) of `domain` (the router's label)."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
         mode = self.default_mode if mode is None or (mode == "" and "" not in self.modes) else mode
@@ -142,7 +143,7 @@ class SpecDecoder:
         for d in drafters:
             d.reset(slot)
         self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed), mode=mode,
-                                     drafter=drafter, drafters=drafters)
+                                     domain=domain, drafter=drafter, drafters=drafters)
 
     @torch.no_grad()
     def prefill_step(self, slot: int, max_tokens: int) -> int | None:
@@ -367,7 +368,7 @@ class SpecDecoder:
             if kept[b] > 0 and st.last_drafter is not None:   # what this drafter emits for this row
                 steps, toks = st.records.get(id(st.last_drafter), (0, 0))
                 st.records[id(st.last_drafter)] = (steps + 1, toks + a + 1)
-                self.costs.observe_row(st.last_drafter, a + 1, st.mode, st.temp)
+                self.costs.observe_row(st.last_drafter, a + 1, st.classes)
             st.y0 = row[-1]
             st.stats.record_step(kept[b], a, st.last_drafter.kind if st.last_drafter is not None else PLAIN)
             emitted.append(row)

@@ -226,34 +226,45 @@ def test_a_modes_rows_are_judged_on_what_the_drafter_does_for_that_mode():
     d.max_draft = 3   # type: ignore[attr-defined]
     c = ModeCosts()
     for _ in range(20):
-        c.observe_row(d, 2, "mtp")                 # chat rows: 2 tokens a step
+        c.observe_row(d, 2, ("mtp",))                 # chat rows: 2 tokens a step
     for _ in range(MODE_MIN):
-        assert c.expected(None, d, "dfly") == pytest.approx(c.mean_tokens[id(d)])   # the overall mean
-        c.observe_row(d, 4, "dfly")                # code rows: 4
-    assert c.seen_in(d, "dfly") == MODE_MIN and c.expected(None, d, "dfly") == pytest.approx(4.0)
-    assert c.expected(None, d, "mtp") == pytest.approx(2.0) and c.expected((4, 12), d, "dfly") == pytest.approx(3.5)
+        assert c.expected(None, d, ("dfly",)) == pytest.approx(c.mean_tokens[id(d)])   # the overall mean
+        c.observe_row(d, 4, ("dfly",))                # code rows: 4
+    assert c.seen_in(d, "dfly") == MODE_MIN and c.expected(None, d, ("dfly",)) == pytest.approx(4.0)
+    assert c.expected(None, d, ("mtp",)) == pytest.approx(2.0) and c.expected((4, 12), d, ("dfly",)) == pytest.approx(3.5)
     c.forget(d)
-    assert c.seen_in(d, "dfly") == 0 and c.expected(None, d, "dfly") == pytest.approx(1.9)   # the width's prior
+    assert c.seen_in(d, "dfly") == 0 and c.expected(None, d, ("dfly",)) == pytest.approx(1.9)   # the width's prior
 
 
-def test_a_rows_prior_is_its_modes_mean_at_its_temperature():
-    """A chat row at T=1 accepts about half of what one at T=0 does: its prior is the mean of its mode's
-    rows in its temperature bucket once MODE_MIN are seen, the mode's mean before; a row without a
-    bucket reads the mode's mean."""
+def test_a_rows_prior_is_the_mean_of_its_most_specific_class_seen_enough():
+    """A row is judged by its class, most specific first (`SlotState.classes`): its mode with its domain
+    and temperature bucket, its mode with its bucket, its mode. Chat rows in the DFly mode after code
+    rows there, or hot rows after greedy ones, read their own class's mean once MODE_MIN are seen."""
     from engines.modes import MODE_MIN, ModeCosts
+    from engines.sampling import SamplingParams
+    from engines.slots import SlotState
 
+    def classes(domain: str, temperature: float) -> tuple[str, ...]:
+        return SlotState([1], SamplingParams(temperature=temperature), torch.Generator(), mode="dfly",
+                         domain=domain).classes
+
+    assert classes("code", 0.0) == ("dfly|d=code|t=0", "dfly|t=0", "dfly")
+    assert classes("", 1.0) == ("dfly|t=high", "dfly")
     d = torch.nn.Linear(1, 1)
-    d.max_draft = 3   # type: ignore[attr-defined]
+    d.max_draft = 15   # type: ignore[attr-defined]
     c = ModeCosts()
     for _ in range(MODE_MIN):
-        c.observe_row(d, 3, "mtp", "0")            # greedy chat rows: 3 tokens a step
+        c.observe_row(d, 6, classes("code", 0.0))      # code rows: 6 tokens a step
     for _ in range(MODE_MIN):
-        assert c.expected(None, d, "mtp", "high") == pytest.approx(c.mode_tokens[(id(d), "mtp")])
-        c.observe_row(d, 1, "mtp", "high")         # hot chat rows: 1
-    assert c.expected(None, d, "mtp", "high") == pytest.approx(1.0)
-    assert c.expected(None, d, "mtp", "0") == pytest.approx(3.0)
-    assert c.expected(None, d, "mtp") == pytest.approx(2.0)   # both buckets' rows
-    assert c.expected((4, 8), d, "mtp", "high") == pytest.approx(1.5)   # the row's own record, shrunk
+        assert c.expected(None, d, classes("chat", 0.0)) == pytest.approx(c.mode_tokens[(id(d), "dfly|t=0")])
+        c.observe_row(d, 2, classes("chat", 0.0))      # chat rows after the drift: 2
+    assert c.expected(None, d, classes("chat", 0.0)) == pytest.approx(2.0)
+    assert c.expected(None, d, classes("code", 0.0)) == pytest.approx(6.0)
+    assert c.expected(None, d, classes("chat", 1.0)) == pytest.approx(4.0)   # no hot row yet: the mode's mean
+    for _ in range(MODE_MIN):
+        c.observe_row(d, 1, classes("chat", 1.0))
+    assert c.expected(None, d, classes("", 1.0)) == pytest.approx(1.0)      # an unlabelled hot row
+    assert c.expected((4, 8), d, classes("chat", 1.0)) == pytest.approx(1.5)   # the row's record, shrunk
 
 
 def test_wide_rows_try_the_narrow_drafter_until_their_mode_has_a_figure_for_it():
@@ -274,7 +285,7 @@ def test_wide_rows_try_the_narrow_drafter_until_their_mode_has_a_figure_for_it()
     assert probes == [MODE_PROBE_EVERY - 1, 2 * MODE_PROBE_EVERY - 1]
     assert all(u is None for i, u in enumerate(uses) if i not in probes)   # otherwise their own
     for _ in range(MODE_MIN):
-        dec.costs.observe_row(narrow, 3, "wide")
+        dec.costs.observe_row(narrow, 3, ("wide",))
     assert all(step_drafters(dec, slots) is None for _ in range(2 * MODE_PROBE_EVERY))
 
 
@@ -346,7 +357,8 @@ def test_a_narrow_drafter_left_out_is_probed_before_rows_stay_plain_for_good():
 
 def test_a_batcher_measures_what_its_steps_cost_beyond_their_forwards():
     """The batcher times each decode step (no prefill in it) to the next and hands the multi-mode cost
-    model what its drafter and target calls did not take."""
+    model what its drafter and target calls did not take; and each request's domain, which its rows'
+    acceptance is judged by."""
     from engines.batcher import Batcher
     from engines.requests import BatcherConfig, GenRequest
 
@@ -355,7 +367,9 @@ def test_a_batcher_measures_what_its_steps_cost_beyond_their_forwards():
     b = Batcher(dec, CharTok.decode, [], BatcherConfig(max_running=2, max_waiting=4, max_len=160)).start()
     done = [threading.Event() for _ in range(2)]
     for i, p in enumerate(prompts(2, seed=9)):
-        b.submit(GenRequest(p, max_tokens=24, mode="wide"), lambda ev, e=done[i]: e.set() if ev.finish_reason else None)
+        b.submit(GenRequest(p, max_tokens=24, mode="wide", domain="code"),
+                 lambda ev, e=done[i]: e.set() if ev.finish_reason else None)
     assert all(e.wait(30) for e in done)
     b.stop()
     assert dec.costs.step_overhead_ms > 0.0
+    assert {c for _, c in dec.costs.mode_seen} >= {"wide|d=code|t=0", "wide|t=0", "wide"}
