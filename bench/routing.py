@@ -9,6 +9,7 @@ Every arm is two worker processes (bench/routing_system.py `ARMS`):
     learned    the same two workers, the built-in default policy with learning on
     learned-shared  2 x (MTP + DFly modes over one target), pools mtp and dfly on both, learning on; each
                worker narrows DFly rows or takes plain steps where its step cost model says so
+    all-mtp-twin   all-MTP again on two more processes, the noise control (only when --arms names it)
 
 Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 chat heavy, T in
 {0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the
@@ -76,7 +77,7 @@ from bench.routing_metrics import (
 )
 from bench.routing_metrics import time_series as series
 from bench.routing_plot import plot, table
-from bench.routing_system import ARMS, Arm, System
+from bench.routing_system import ARMS, CONTROL_ARMS, DEFAULT_ARMS, Arm, System
 from bench.routing_trace import (
     SCENARIOS,
     PromptPool,
@@ -109,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--name", default="routing", help="file name stem of the outputs (default routing)")
     ap.add_argument("--model", default=str(REPO / "models" / "demo"), help="model bundle (default models/demo)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="subset, e.g. S1,S3")
-    ap.add_argument("--arms", default=",".join(ARMS), help="subset of " + ",".join(ARMS))
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help="subset of " + ",".join(ARMS) + " (default: all but the noise control " + ",".join(CONTROL_ARMS) + ")")
     ap.add_argument("--concurrency", default="8", help="closed-loop clients, e.g. 4,16 (each level a cell; S5 runs "
                                                        "at 2, 16, 2 whatever this says)")
     ap.add_argument("--requests-per-scenario", type=int, default=250,

@@ -7,7 +7,8 @@ from typing import Any
 
 from bench.routing_metrics import ROUTED_ARMS
 
-ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-dfly": ("tab:orange", "-"), "all-ar": ("tab:gray", "-"),
+ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-mtp-twin": ("tab:cyan", ":"), "all-dfly": ("tab:orange", "-"),
+             "all-ar": ("tab:gray", "-"),
              "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-")}
 
 

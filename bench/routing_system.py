@@ -10,7 +10,8 @@ splitting the hardware; each worker narrows a DFly row to MTP's drafter, or take
 steps where its cost model says so (engines/modes.py). A third pool, `ar`, over the same workers was
 tried (`bench/results/routing-ar.json`, code of 54fc9be) and gained nothing: the router's goodput
 estimate reads the shared workers' step time for every pool, so a plain row never looks cheaper there.
-Workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
+`all-mtp-twin` (not run unless `--arms` names it) is all-MTP again on two more processes: a noise control, its
+gap to all-mtp what the machine alone makes of two identical fleets. Workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
 statistics keys are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway
 writes the built-in default policy; the static arm then turns learning off through the admin API.
 """
@@ -55,7 +56,12 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("static", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}, learning=False),
     Arm("learned", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}),
     Arm("learned-shared", {"mtp": SHARED, "dfly": SHARED}, modes={"mtp": "mtp", "dfly": "dfly"}),
+    Arm("all-mtp-twin", {"mtp": (("mtp", 2), ("mtp", 3))}),
 )}
+# the noise control: a second all-MTP fleet on its own two processes. What separates it from all-mtp in a
+# cell is the benchmark's own noise, the yardstick for the other arms' gaps; run on request only
+CONTROL_ARMS = ("all-mtp-twin",)
+DEFAULT_ARMS = tuple(a for a in ARMS if a not in CONTROL_ARMS)
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -78,6 +78,12 @@ def test_phase_sizes_and_cli_parsing():
         parse_levels("0")
     names = [c[0] for c in cells_of(["S1", "S5"], [4, 16])]
     assert names == ["S1@c4", "S1@c16", "S5"]
+    from bench.routing import build_parser
+    from bench.routing_system import ARMS, CONTROL_ARMS
+
+    default = build_parser().parse_args([]).arms.split(",")   # the noise control runs only when named
+    assert "all-mtp-twin" in CONTROL_ARMS and "all-mtp-twin" not in default and len(default) == len(ARMS) - 1
+    assert ARMS["all-mtp-twin"].pools["mtp"] == (("mtp", 2), ("mtp", 3))   # its own two MTP processes
 
 
 def row(i: int, pool: str, *, phase: int = 0, domain: str = "code", t: float = 0.0, send: float = 0.0,
