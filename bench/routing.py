@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=str(REPO / "models" / "demo"), help="model bundle (default models/demo)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="subset, e.g. S1,S3")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
-                    help="subset of " + ",".join(ARMS) + " (default: all but the noise control " + ",".join(CONTROL_ARMS) + ")")
+                    help=f"subset of {','.join(ARMS)} (default: all but the noise control {','.join(CONTROL_ARMS)})")
     ap.add_argument("--concurrency", default="8", help="closed-loop clients, e.g. 4,16 (each level a cell; S5 runs "
                                                        "at 2, 16, 2 whatever this says)")
     ap.add_argument("--requests-per-scenario", type=int, default=250,

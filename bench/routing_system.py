@@ -10,10 +10,11 @@ splitting the hardware; each worker narrows a DFly row to MTP's drafter, or take
 steps where its cost model says so (engines/modes.py). A third pool, `ar`, over the same workers was
 tried (`bench/results/routing-ar.json`, code of 54fc9be) and gained nothing: the router's goodput
 estimate reads the shared workers' step time for every pool, so a plain row never looks cheaper there.
-`all-mtp-twin` (not run unless `--arms` names it) is all-MTP again on two more processes: a noise control, its
-gap to all-mtp what the machine alone makes of two identical fleets. Workers of the arms not running sit idle (blocked on their queues, no CPU). Between arms and cells the
-statistics keys are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway
-writes the built-in default policy; the static arm then turns learning off through the admin API.
+`all-mtp-twin` (not run unless `--arms` names it) is all-MTP again on two more processes: a noise
+control, its gap to all-mtp what the machine alone makes of two identical fleets. Workers of the arms
+not running sit idle (blocked on their queues, no CPU). Between arms and cells the statistics keys
+are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway writes the
+built-in default policy; the static arm then turns learning off through the admin API.
 """
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ against all-MTP's 350 and all-AR's 302, `routing.json` of 874b1f1). Pass times p
 record with the drafter, shrunk toward what the drafter emits for rows of the row's class: its mode
 with the domain the router labelled it with and its temperature bucket, backing off to the mode at that
 temperature, the mode, then every row, while those are thin (`SlotState.classes`). The router sends
-each mode its own traffic, but not only one domain: when a workload drifts from code to chat, chat rows
-sent to the DFly mode would otherwise start from what DFly's drafter did for code, and draft 16 wide
-for steps where it accepts little; and a chat row at T=1 accepts about half of what one at T=0 does.
+each mode its own traffic, but not only one domain (after a drift from code to chat, chat rows reach
+the DFly mode too, and a mode-wide mean would judge them by what the drafters did there for code); and
+temperature moves acceptance most: with MTP's drafter a chat row emits about 1.8 tokens a step at T=1,
+2.9 at T=0 (`routing.json`, S3).
 A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are not its typical ones).
 A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
 about 1.5x a one-token forward, close to the 1.45x the demo bundle's card measures, and a drafter that
