@@ -230,17 +230,20 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
     t0 = time.monotonic()
     long: list[Outcome] = []  # long streams on both pools, in flight when the worker dies
 
-    def long_stream(k: str) -> None:
-        # 120 tokens: in flight when the worker dies 0.4 s in, and done well inside the 20 s deadline on
-        # the surviving worker even on a loaded 2-core machine (200 once ran past it at 10 tokens/s while
-        # streaming steadily: a gap of 0.38 s at most, slow but not hung)
+    def long_stream(k: str, first: threading.Event) -> None:
+        # 120 tokens: in flight when the worker dies, right after every stream's first event (a fixed 0.4 s
+        # once let a fast machine finish the healthy pool's streams before the kill), and done well inside
+        # the 20 s deadline on the surviving worker even on a loaded 2-core machine (200 once ran past it at
+        # 10 tokens/s while streaming steadily: a gap of 0.38 s at most, slow but not hung)
         with httpx.Client(base_url=system.url) as client:
-            long.append(send(client, k, True, 20.0, max_tokens=120))
+            long.append(send(client, k, True, 20.0, max_tokens=120, on_first=first.set))
 
-    threads = [threading.Thread(target=long_stream, args=(k,)) for k in ("chat", "code", "chat", "code")]
+    started = [threading.Event() for _ in range(4)]
+    threads = [threading.Thread(target=long_stream, args=(k, e))
+               for k, e in zip(("chat", "code", "chat", "code"), started, strict=True)]
     for t in threads:
         t.start()
-    time.sleep(0.4)
+    assert all(e.wait(10.0) for e in started), "a long stream sent nothing within 10 s"
     pid, t_kill = system.kill(f"{pool} worker")
     back_s = system.wait_back(f"{pool} worker", pid, t_kill)
     resumed = _served_by(system, kind, pool, RESUME_WITHIN_S + 2)

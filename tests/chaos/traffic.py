@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,8 @@ class Outcome:
 
 
 def send(client: httpx.Client, kind: str, stream: bool, deadline_s: float, max_tokens: int = 8,
-         content: str | None = None) -> Outcome:
-    """One request, classified (never raises)."""
+         content: str | None = None, on_first: Callable[[], None] | None = None) -> Outcome:
+    """One request, classified (never raises); `on_first` is called at a stream's first event."""
     body = {"model": "specroute", "max_tokens": max_tokens, "stream": stream,
             "messages": [{"role": "user", "content": content if content is not None else (CHAT if kind == "chat" else CODE)}]}
     t0 = time.monotonic()
@@ -73,6 +73,8 @@ def send(client: httpx.Client, kind: str, stream: bool, deadline_s: float, max_t
                 if not line.startswith("data: "):
                     continue
                 now = time.monotonic()
+                if events == 0 and on_first is not None:
+                    on_first()
                 out.max_gap_s = max(out.max_gap_s, now - t_prev)
                 t_prev, events = now, events + 1
                 last = line[6:]
