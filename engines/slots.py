@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -58,11 +59,11 @@ class SlotState:
     records: dict[int, tuple[int, int]] = field(default_factory=dict)   # id(drafter) -> (steps, tokens) it drafted
     last_drafter: Drafter | None = None     # who drafted the row's proposal being verified
 
-    @property
+    @cached_property
     def classes(self) -> tuple[str, ...]:
         """What the row's acceptance is judged by (`engines.modes.ModeCosts`), most specific first: its mode
         with its domain and temperature bucket, its mode with its temperature bucket (what moves
-        acceptance most), its mode."""
+        acceptance most), its mode. Read for every row every step; fixed for the request, so built once."""
         t = temperature_bucket(self.params.temperature)
         head = (f"{self.mode}|d={self.domain}|t={t}",) if self.domain else ()
         return (*head, f"{self.mode}|t={t}", self.mode)

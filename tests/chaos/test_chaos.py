@@ -237,6 +237,7 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
         # 10 tokens/s while streaming steadily: a gap of 0.38 s at most, slow but not hung)
         with httpx.Client(base_url=system.url) as client:
             long.append(send(client, k, True, 20.0, max_tokens=120, on_first=first.set))
+        first.set()   # a stream that failed before its first event is judged below, not waited on
 
     started = [threading.Event() for _ in range(4)]
     threads = [threading.Thread(target=long_stream, args=(k, e))
