@@ -9,7 +9,8 @@ from bench.routing_metrics import ROUTED_ARMS
 
 ARM_STYLE = {"all-mtp": ("tab:blue", "-"), "all-mtp-twin": ("tab:cyan", ":"), "all-dfly": ("tab:orange", "-"),
              "all-ar": ("tab:gray", "-"),
-             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-")}
+             "static": ("tab:green", "--"), "learned": ("tab:red", "-"), "learned-shared": ("tab:purple", "-"),
+             "learned-shared-least": ("tab:pink", ":")}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

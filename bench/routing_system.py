@@ -11,7 +11,9 @@ steps where its cost model says so (engines/modes.py). A third pool, `ar`, over 
 tried (`bench/results/routing-ar.json`, code of 54fc9be) and gained nothing: the router's goodput
 estimate reads the shared workers' step time for every pool, so a plain row never looks cheaper there.
 `all-mtp-twin` (not run unless `--arms` names it) is all-MTP again on two more processes: a noise
-control, its gap to all-mtp what the machine alone makes of two identical fleets. Workers of the arms
+control, its gap to all-mtp what the machine alone makes of two identical fleets. `learned-shared-least`
+(likewise) is learned-shared with its gateway balancing on load alone (`SPECROUTE_AFFINITY_SLACK=0`): its
+gap to learned-shared is what batch affinity (router/affinity.py) does. Workers of the arms
 not running sit idle (blocked on their queues, no CPU). Between arms and cells the statistics keys
 are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway writes the
 built-in default policy; the static arm then turns learning off through the admin API.
@@ -45,6 +47,7 @@ class Arm:
     pools: dict[str, tuple[WorkerKey, ...]]   # gateway pool name -> its workers
     learning: bool = True
     modes: dict[str, str] | None = None        # pool name -> engine mode (multi-mode workers)
+    gateway_env: dict[str, str] | None = None  # settings of its gateway beyond the defaults
 
 
 SHARED = (("multi", 0), ("multi", 1))
@@ -58,10 +61,13 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("learned", {"mtp": (("mtp", 0),), "dfly": (("dfly", 0),)}),
     Arm("learned-shared", {"mtp": SHARED, "dfly": SHARED}, modes={"mtp": "mtp", "dfly": "dfly"}),
     Arm("all-mtp-twin", {"mtp": (("mtp", 2), ("mtp", 3))}),
+    Arm("learned-shared-least", {"mtp": SHARED, "dfly": SHARED}, modes={"mtp": "mtp", "dfly": "dfly"},
+        gateway_env={"SPECROUTE_AFFINITY_SLACK": "0"}),
 )}
-# the noise control: a second all-MTP fleet on its own two processes. What separates it from all-mtp in a
-# cell is the benchmark's own noise, the yardstick for the other arms' gaps; run on request only
-CONTROL_ARMS = ("all-mtp-twin",)
+# controls, run on request only: a second all-MTP fleet on its own two processes (what separates it from
+# all-mtp in a cell is the benchmark's own noise, the yardstick for the other arms' gaps), and
+# learned-shared with the gateway balancing on load alone (no batch affinity, router/affinity.py)
+CONTROL_ARMS = ("all-mtp-twin", "learned-shared-least")
 DEFAULT_ARMS = tuple(a for a in ARMS if a not in CONTROL_ARMS)
 
 
@@ -173,7 +179,7 @@ class System:
         args = ["gateway", *(x for p in pools for x in ("--pool", p)), *(x for m in modes for x in ("--pool-mode", m)),
                 "--port", str(self.gateway_port),
                 "--redis-url", self.redis_url, "--log-level", "warning"]
-        env = {"SPECROUTE_ADMIN_TOKEN": self.admin_token, "SPECROUTE_SEED": str(self.seed)}
+        env = {"SPECROUTE_ADMIN_TOKEN": self.admin_token, "SPECROUTE_SEED": str(self.seed), **(arm.gateway_env or {})}
         self.gateway = _spawn(args, log, env)
         _wait(self._serves_every_pool(list(arm.pools)), self.gateway, f"gateway ({arm.name})", log, 120)
         if not arm.learning:

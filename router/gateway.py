@@ -66,6 +66,7 @@ class Gateway:
             rng=self.rng,
             dns_refresh_s=settings.dns_refresh_s,
             modes=settings.pool_modes,
+            affinity_slack=settings.affinity_slack,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
         self.sync = SnapshotSync(default_policy(self.pools.names), self.store, self.pools, self.metrics,

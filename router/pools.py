@@ -23,11 +23,14 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router import affinity
+from router.affinity import Candidate
 from router.discovery import DnsDiscovery, Resolver
 from router.estimate import NON_SPECULATIVE_ENGINES
 from router.policy import PoolState
@@ -52,10 +55,11 @@ class WorkerLoad:
     workers (one multi-mode worker serving the `mtp` and `dfly` pools), and balancing each pool on its
     own requests alone would stack one pool's rows on the worker that is busy with another's."""
 
-    __slots__ = ("inflight",)
+    __slots__ = ("inflight", "kinds")
 
     def __init__(self) -> None:
         self.inflight = 0
+        self.kinds: Counter[str] = Counter()   # in flight by request kind (router/affinity.py)
 
 
 class Endpoint:
@@ -129,20 +133,23 @@ class Endpoint:
             return "closed"
         return "open" if time.monotonic() < self.open_until else "half_open"
 
-    def acquire(self) -> bool:
-        """A request starts here; returns whether it is the half-open breaker's trial request (which
-        keeps every other request away until `release`, `record_success` or `record_failure`)."""
+    def acquire(self, kind: str = "") -> bool:
+        """A request (of affinity `kind`) starts here; returns whether it is the half-open breaker's trial
+        request (which keeps every other request away until `release`, `record_success` or
+        `record_failure`)."""
         self.inflight += 1
         self.worker.inflight += 1
+        self.worker.kinds[kind] += 1
         if self.failures >= self.breaker_failures:
             self.trial = True
             return True
         return False
 
-    def release(self, trial: bool) -> None:
+    def release(self, trial: bool, kind: str = "") -> None:
         """The request started by `acquire` is over (its outcome recorded, or none: e.g. cancelled)."""
         self.inflight -= 1
         self.worker.inflight -= 1
+        self.worker.kinds[kind] -= 1
         if trial:
             self.trial = False
 
@@ -161,12 +168,15 @@ class Endpoint:
             self.trial = False
 
     # -- load --------------------------------------------------------------------------------
-    def score(self) -> float:
-        remote = (self.load.running + self.load.waiting) if self.load is not None else 0
+    def capacity(self) -> int:
         cap = (self.load.max_running if self.load is not None else 0) or (
             self.info.max_running if self.info is not None else 0
         )
-        return max(self.worker.inflight, remote) / max(cap, 1)
+        return max(cap, 1)
+
+    def score(self) -> float:
+        remote = (self.load.running + self.load.waiting) if self.load is not None else 0
+        return max(self.worker.inflight, remote) / self.capacity()
 
     async def check(self, timeout: float) -> None:
         """One health check: grpc.health.v1 Check, then Info (when not known, when the endpoint comes
@@ -263,6 +273,7 @@ class PoolManager:
         resolver: Resolver | None = None,
         dns_refresh_s: float = 5.0,
         modes: Mapping[str, str] | None = None,
+        affinity_slack: float = 0.0,
     ) -> None:
         modes = dict(modes or {})   # pool -> engine mode its endpoints ask for
 
@@ -277,6 +288,7 @@ class PoolManager:
         self.pools: dict[str, list[Endpoint]] = {
             name: [endpoint(name, a) for a in addrs] for name, addrs in static.items()
         }
+        self.affinity_slack = affinity_slack   # rows of balance a request's batch affinity may cost
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.rng = rng or random.Random()
@@ -330,19 +342,14 @@ class PoolManager:
                                   endpoints=n, speculative=spec, draft_now=draft_now, compute_bound_tokens=bound)
         return out
 
-    def pick(self, pool: str, exclude: set[Endpoint] | None = None) -> Endpoint | None:
-        """Least-loaded available endpoint of `pool` (random among ties)."""
+    def pick(self, pool: str, exclude: set[Endpoint] | None = None, kind: str = "") -> Endpoint | None:
+        """The available endpoint of `pool` for a request of affinity `kind`: the least loaded, or within
+        `affinity_slack` rows of it the one whose worker runs most rows of that kind (router/affinity.py);
+        random among ties."""
         now = time.monotonic()
-        best: list[Endpoint] = []
-        best_score = float("inf")
-        for e in self.pools.get(pool, ()):
-            if (exclude and e in exclude) or not e.available(now):
-                continue
-            s = e.score()
-            if s < best_score:
-                best, best_score = [e], s
-            elif s == best_score:
-                best.append(e)
+        eps = [e for e in self.pools.get(pool, ()) if not (exclude and e in exclude) and e.available(now)]
+        cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.kinds[kind], e.worker.inflight) for e in eps]
+        best = [eps[i] for i in affinity.choose(cands, self.affinity_slack if kind else 0.0)]
         if not best:
             return None
         return best[0] if len(best) == 1 else self.rng.choice(best)

@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=10)
+    affinity_slack: float = Field(
+        default=1.0, ge=0,
+        description="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with "
+                    "hot ones and the rest with the rest (router/affinity.py); 0: least-loaded only")
     health_interval_s: float = Field(default=1.0, gt=0)
     health_timeout_s: float = Field(default=1.0, gt=0)
     breaker_failures: int = Field(default=3, ge=1)

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from router import affinity
 from router.metrics import Metrics
 from router.pools import Endpoint, PoolManager
 from specroute.v1 import engine_pb2
@@ -73,6 +74,7 @@ class Upstream:
     attempts: int
     worker_s: float = 0.0  # time spent waiting on the worker
     trial: bool = False  # the endpoint's half-open breaker trial (router/pools.py)
+    kind: str = ""  # the request's batch-affinity kind (router/affinity.py), counted on its worker
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:
@@ -112,7 +114,7 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
-        self.endpoint.release(self.trial)
+        self.endpoint.release(self.trial, self.kind)
         if ok:
             self.endpoint.record_success()
         elif not self.call.done():
@@ -131,12 +133,13 @@ class Dispatcher:
         decision's pool first) and at most `max_attempts` endpoints in all (`metadata`: gRPC metadata
         of every try, e.g. the trace context)."""
         tried: set[Endpoint] = set()
+        kind = affinity.kind_of(req.sampling.temperature)
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
         chosen = prev_pool = order[0] if order else None
         for pool in order:
             while attempts < self.max_attempts:
-                ep = self.pools.pick(pool, tried)
+                ep = self.pools.pick(pool, tried, kind)
                 if ep is None:
                     break
                 remaining = deadline - time.monotonic()
@@ -150,22 +153,23 @@ class Dispatcher:
                 req.pool = pool
                 req.mode = ep.mode
                 call = ep.stub.Generate(req, timeout=remaining, metadata=metadata)
-                trial = ep.acquire()
+                trial = ep.acquire(kind)
                 t = time.perf_counter()
                 try:
                     first = await call.read()
                 except grpc.aio.AioRpcError as exc:
-                    ep.release(trial)
+                    ep.release(trial, kind)
                     record_rpc_failure(ep, exc)
                     if exc.code() not in RETRYABLE:
                         raise WorkerRejected(exc.code(), exc.details()) from exc
                     last, prev_pool = exc, pool
                     continue
                 except BaseException:
-                    ep.release(trial)
+                    ep.release(trial, kind)
                     call.cancel()
                     raise
-                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts, trial=trial)
+                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts, trial=trial,
+                              kind=kind)
                 up.worker_s = time.perf_counter() - t
                 return up
         if last is not None:

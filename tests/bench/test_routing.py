@@ -82,7 +82,9 @@ def test_phase_sizes_and_cli_parsing():
     from bench.routing_system import ARMS, CONTROL_ARMS
 
     default = build_parser().parse_args([]).arms.split(",")   # the noise control runs only when named
-    assert "all-mtp-twin" in CONTROL_ARMS and "all-mtp-twin" not in default and len(default) == len(ARMS) - 1
+    assert set(CONTROL_ARMS) == {"all-mtp-twin", "learned-shared-least"} and not set(CONTROL_ARMS) & set(default)
+    assert len(default) == len(ARMS) - len(CONTROL_ARMS)
+    assert ARMS["learned-shared-least"].gateway_env == {"SPECROUTE_AFFINITY_SLACK": "0"}   # the affinity control
     assert ARMS["all-mtp-twin"].pools["mtp"] == (("mtp", 2), ("mtp", 3))   # its own two MTP processes
 
 

@@ -1,0 +1,55 @@
+"""Which endpoint of a pool takes a request: the least loaded, and among those about as idle, the one
+whose rows are most like it (batch affinity).
+
+A worker verifies all its rows in one step, and whether drafting pays is a property of the whole batch.
+At temperature 1 every drafter's acceptance falls (MTP's drafter: about 1.8 tokens a step for chat at
+T=1, 2.9 at T=0, `bench/results/routing.json` S3), and a step whose rows are all hot does better not
+drafting (D-Cut's finding, and the all-AR fleet was the fastest for that traffic in S2 and S3). But one
+greedy row keeps its step drafting, and a plain row beside drafting rows saves nothing, its verify
+being padded to the widest row (engines/modes.py). Least-loaded balancing deals hot and greedy rows out
+to every worker alike, so every batch is mixed and no worker's step can go plain.
+
+So a request carries a kind (`kind_of`: hot, at the temperatures where drafting stops paying, or
+cool), each worker counts its in-flight rows of each kind (`router.pools.WorkerLoad`, over every pool
+it serves), and among the endpoints whose load is within `slack` rows of the least loaded the one
+with the most rows of the request's kind, net of the others, takes it. `slack` bounds what balance
+is given up: 0 is plain least-loaded balancing. Pure; `PoolManager.pick` reads the endpoints for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specroute.contracts.context import temperature_bucket
+
+HOT = "hot"     # temperature bucket `high` (> 0.8): drafting rarely pays for it
+COOL = "cool"   # greedy and low temperatures: drafting pays
+
+
+def kind_of(temperature: float | None) -> str:
+    return HOT if temperature_bucket(temperature) == "high" else COOL
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    score: float     # load, as a fraction of the endpoint's capacity (`Endpoint.score`)
+    row: float       # what one row adds to `score` (1 / capacity)
+    same: int = 0    # in-flight rows of the request's kind on the endpoint's worker
+    total: int = 0   # in-flight rows on the endpoint's worker
+
+
+def choose(cands: Sequence[Candidate], slack: float) -> list[int]:
+    """Indices of the candidates to pick among (at random): the least loaded when `slack` is 0; else
+    those within `slack` rows of the least loaded (each in its own rows), and of them the ones with the
+    best affinity, rows of the request's kind minus rows of the other kinds; then the least loaded of
+    those."""
+    if not cands:
+        return []
+    low = min(c.score for c in cands)
+    near = [i for i, c in enumerate(cands) if c.score <= low + slack * c.row + 1e-12]
+    if slack > 0:
+        best = max(2 * cands[i].same - cands[i].total for i in near)
+        near = [i for i in near if 2 * cands[i].same - cands[i].total == best]
+    least = min(cands[i].score for i in near)
+    return [i for i in near if cands[i].score == least]

@@ -1,0 +1,73 @@
+"""Batch affinity (router/affinity.py): the pure choice, and the dispatcher keeping each worker's
+in-flight rows by kind over real gRPC streams to two test-double workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from router import affinity
+from router.affinity import COOL, HOT, Candidate, choose
+from router.metrics import Metrics
+from router.pools import PoolManager
+from router.upstream import Dispatcher, Upstream
+from specroute.v1 import engine_pb2
+from tests.router.conftest import engines
+from tests.router.fake_engine import FakeConfig
+
+ROW = 1 / 8   # one row of a worker with room for 8
+
+
+def test_a_request_is_hot_where_drafting_stops_paying() -> None:
+    assert [affinity.kind_of(t) for t in (0.0, 0.5, 0.8, 0.9, 1.0, 1.5, None)] == [COOL] * 3 + [HOT] * 4
+
+
+def test_without_slack_the_least_loaded_wins_whatever_it_runs() -> None:
+    cands = [Candidate(2 * ROW, ROW, same=2, total=2), Candidate(ROW, ROW, same=0, total=1)]
+    assert choose(cands, 0.0) == [1]
+    assert choose([Candidate(ROW, ROW), Candidate(ROW, ROW)], 0.0) == [0, 1]   # a tie: the caller draws
+    assert choose([], 1.0) == []
+
+
+def test_within_slack_the_worker_running_the_requests_kind_wins() -> None:
+    # one row more than the least loaded, all of them of the request's kind: it takes the request
+    assert choose([Candidate(2 * ROW, ROW, same=2, total=2), Candidate(ROW, ROW, same=0, total=1)], 1.0) == [0]
+    # two rows more is beyond a slack of one: balance first
+    assert choose([Candidate(3 * ROW, ROW, same=3, total=3), Candidate(ROW, ROW, same=0, total=1)], 1.0) == [1]
+    # net of the other kind: two of its kind beside two others lose to one alone
+    assert choose([Candidate(4 * ROW, ROW, same=2, total=4), Candidate(4 * ROW, ROW, same=1, total=1)], 1.0) == [1]
+    # equal affinity: the less loaded of the two
+    assert choose([Candidate(2 * ROW, ROW, same=0, total=0), Candidate(ROW, ROW, same=0, total=0)], 1.0) == [1]
+    # slack counts in each endpoint's own rows: two rows of a worker with room for ten are beyond it
+    assert choose([Candidate(0.2, 0.1, same=2, total=2), Candidate(0.0, 0.25)], 1.0) == [1]
+    assert choose([Candidate(0.25, 0.25, same=1, total=1), Candidate(0.0, 0.1)], 1.0) == [0]
+
+
+def test_the_dispatcher_batches_hot_requests_with_hot_ones_and_counts_them_per_worker() -> None:
+    """Four streams held open at once, hot and cool alternating, over a pool of two workers: with a slack
+    of one row each worker runs one kind (least-loaded balancing alone may mix them); closing the
+    streams returns every worker's count to zero."""
+
+    async def main() -> None:
+        async with engines(FakeConfig(name="a", token_delay_s=0.2), FakeConfig(name="b", token_delay_s=0.2)) as es:
+            pm = PoolManager({"mtp": [e.address for e in es]}, affinity_slack=1.0)
+            await pm.start()
+            try:
+                d = Dispatcher(pm, Metrics(), max_attempts=3)
+                ups: list[Upstream] = []
+                for i, t in enumerate((1.0, 0.0, 1.0, 0.0, 1.0, 0.0)):
+                    req = engine_pb2.GenerateRequest(request_id=f"r{i}", prompt="hello there", max_tokens=8)
+                    req.sampling.temperature = t
+                    ups.append(await d.open(["mtp"], req, time.monotonic() + 10))
+                by_worker = {up.endpoint.address: {u.kind for u in ups if u.endpoint is up.endpoint} for up in ups}
+                assert sorted(map(sorted, by_worker.values())) == [[COOL], [HOT]], by_worker
+                assert sorted(e.worker.inflight for e in pm.endpoints()) == [3, 3]
+                for e in pm.endpoints():
+                    assert e.worker.kinds[HOT] + e.worker.kinds[COOL] == 3
+                for up in ups:
+                    up.close(ok=False)
+                assert all(e.worker.inflight == 0 and not +e.worker.kinds for e in pm.endpoints())
+            finally:
+                await pm.close()
+
+    asyncio.run(main())
