@@ -11,9 +11,12 @@ to every worker alike, so every batch is mixed and no worker's step can go plain
 
 So a request carries a kind (`kind_of`: hot, at the temperatures where drafting stops paying, or
 cool), each worker counts its in-flight rows of each kind (`router.pools.WorkerLoad`, over every pool
-it serves), and among the endpoints whose load is within `slack` rows of the least loaded the one
-with the most rows of the request's kind, net of the others, takes it. `slack` bounds what balance
-is given up: 0 is plain least-loaded balancing. Pure; `PoolManager.pick` reads the endpoints for it.
+it serves), and among the endpoints whose load is within `slack` rows of the least loaded, those with
+the fewest rows of another kind than the request's, and of them the least loaded, take it. `slack`
+bounds what balance is given up: 0 is plain least-loaded balancing, and so is traffic of one kind. (A
+first version preferred the most rows of the request's kind, net of the others: on traffic of one kind
+that sent each request to the busier worker whenever it was within the slack, kept the two workers a
+row or two apart, and cost 13% in the code/math half of S3, `bench/results/routing-affinity.json`.)
 """
 
 from __future__ import annotations
@@ -42,14 +45,13 @@ class Candidate:
 def choose(cands: Sequence[Candidate], slack: float) -> list[int]:
     """Indices of the candidates to pick among (at random): the least loaded when `slack` is 0; else
     those within `slack` rows of the least loaded (each in its own rows), and of them the ones with the
-    best affinity, rows of the request's kind minus rows of the other kinds; then the least loaded of
-    those."""
+    fewest rows of other kinds than the request's; then the least loaded of those."""
     if not cands:
         return []
     low = min(c.score for c in cands)
     near = [i for i, c in enumerate(cands) if c.score <= low + slack * c.row + 1e-12]
     if slack > 0:
-        best = max(2 * cands[i].same - cands[i].total for i in near)
-        near = [i for i in near if 2 * cands[i].same - cands[i].total == best]
+        fewest = min(cands[i].total - cands[i].same for i in near)
+        near = [i for i in near if cands[i].total - cands[i].same == fewest]
     least = min(cands[i].score for i in near)
     return [i for i in near if cands[i].score == least]

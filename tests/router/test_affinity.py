@@ -34,13 +34,19 @@ def test_within_slack_the_worker_running_the_requests_kind_wins() -> None:
     assert choose([Candidate(2 * ROW, ROW, same=2, total=2), Candidate(ROW, ROW, same=0, total=1)], 1.0) == [0]
     # two rows more is beyond a slack of one: balance first
     assert choose([Candidate(3 * ROW, ROW, same=3, total=3), Candidate(ROW, ROW, same=0, total=1)], 1.0) == [1]
-    # net of the other kind: two of its kind beside two others lose to one alone
+    # rows of the other kind count against a worker: two of its kind beside two others lose to one alone
     assert choose([Candidate(4 * ROW, ROW, same=2, total=4), Candidate(4 * ROW, ROW, same=1, total=1)], 1.0) == [1]
-    # equal affinity: the less loaded of the two
+    # an idle worker beside one running the other kind takes it
+    assert choose([Candidate(0.0, ROW), Candidate(ROW, ROW, same=0, total=1)], 1.0) == [0]
+    # traffic of one kind is balanced on load alone: a busier worker's rows of the same kind do not draw
+    # the request (preferring them kept two workers a row or two apart, and cost 13% in S3's first half)
+    assert choose([Candidate(4 * ROW, ROW, same=4, total=4), Candidate(3 * ROW, ROW, same=3, total=3)], 1.0) == [1]
     assert choose([Candidate(2 * ROW, ROW, same=0, total=0), Candidate(ROW, ROW, same=0, total=0)], 1.0) == [1]
-    # slack counts in each endpoint's own rows: two rows of a worker with room for ten are beyond it
-    assert choose([Candidate(0.2, 0.1, same=2, total=2), Candidate(0.0, 0.25)], 1.0) == [1]
-    assert choose([Candidate(0.25, 0.25, same=1, total=1), Candidate(0.0, 0.1)], 1.0) == [0]
+    # slack counts in each endpoint's own rows: 0.2 more load is within one row of a worker with room for
+    # four, beyond one row of a worker with room for ten
+    other = Candidate(0.1, 0.1, same=0, total=1)
+    assert choose([Candidate(0.3, 0.25, same=1, total=1), other], 1.0) == [0]
+    assert choose([Candidate(0.3, 0.1, same=3, total=3), other], 1.0) == [1]
 
 
 def test_the_dispatcher_batches_hot_requests_with_hot_ones_and_counts_them_per_worker() -> None:
