@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-mode", action="append", metavar="NAME=MODE",
                    help="the engine mode a pool's workers run its requests in, for workers serving several "
                         "modes over one target (`specroute worker --engine mtp,dfly,ar`); repeatable")
+    p.add_argument("--affinity-slack", type=float, metavar="ROWS",
+                   help="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with hot "
+                        "ones and the rest with the rest (router/affinity.py; default 1; 0: least loaded only)")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
     p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
                                          "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")
@@ -64,7 +67,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = {}
     for key in ("host", "port", "redis_url", "insecure_admin", "model_name", "request_timeout_s",
                 "gateway_feedback", "log_level", "admin_token_file", "api_key_file", "drain_timeout_s",
-                "access_log", "access_log_sample", "access_log_file", "tracing", "trace_exporter", "otlp_endpoint"):
+                "access_log", "access_log_sample", "access_log_file", "tracing", "trace_exporter", "otlp_endpoint",
+                "affinity_slack"):
         val = getattr(args, key)
         if val is not None:
             overrides[key] = val

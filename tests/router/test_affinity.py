@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from router import affinity
 from router.affinity import COOL, HOT, Candidate, choose
 from router.metrics import Metrics
@@ -77,3 +79,15 @@ def test_the_dispatcher_batches_hot_requests_with_hot_ones_and_counts_them_per_w
                 await pm.close()
 
     asyncio.run(main())
+
+
+def test_the_slack_is_a_setting_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.cli import build_parser, settings_from_args
+    from router.settings import Settings
+
+    assert Settings(pools="a=h:1").affinity_slack == 1.0
+    assert settings_from_args(build_parser().parse_args(["--pool", "a=h:1", "--affinity-slack", "0"])).affinity_slack == 0
+    monkeypatch.setenv("SPECROUTE_AFFINITY_SLACK", "2")
+    assert Settings(pools="a=h:1").affinity_slack == 2.0
+    with pytest.raises(ValueError):
+        Settings(pools="a=h:1", affinity_slack=-1)
