@@ -344,8 +344,8 @@ class PoolManager:
 
     def pick(self, pool: str, exclude: set[Endpoint] | None = None, kind: str = "") -> Endpoint | None:
         """The available endpoint of `pool` for a request of affinity `kind`: the least loaded, or within
-        `affinity_slack` rows of it the one whose worker runs most rows of that kind (router/affinity.py);
-        random among ties."""
+        `affinity_slack` rows of it the one whose worker runs fewest rows of another kind
+        (router/affinity.py); random among ties."""
         now = time.monotonic()
         eps = [e for e in self.pools.get(pool, ()) if not (exclude and e in exclude) and e.available(now)]
         cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.kinds[kind], e.worker.inflight) for e in eps]
