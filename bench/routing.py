@@ -89,6 +89,7 @@ from bench.routing_trace import (
     read_prompts,
     segments,
 )
+from engines.dcut.profile import cpu_name
 from specroute.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,7 +281,7 @@ def main(argv: list[str]) -> int:
                  "scenarios": scenarios, "concurrency": levels, "requests_per_scenario": args.requests_per_scenario,
                  "warmup_requests": args.warmup_requests, "max_tokens": args.max_tokens,
                  "degrade_noise": args.degrade_noise, "seed": args.seed, "repeats": args.repeats, "threads_per_worker": 1,
-                 "cpu_count": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                 "cpu": cpu_name(), "cpu_count": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                  "machine": platform.machine(), "python": platform.python_version(), "time": t_start,
                  "wall_s": round(time.time() - t_start, 1), "data_dir": str(data_dir()),
                  "heldout_prompts": len(prompts)},
