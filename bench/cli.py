@@ -6,7 +6,7 @@ import importlib
 
 from specroute.errors import UserError
 
-BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served")
+BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties")
 
 
 def main(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ temperature, the mode, then every row, while those are thin (`SlotState.classes`
 each mode its own traffic, but not only one domain (after a drift from code to chat, chat rows reach
 the DFly mode too, and a mode-wide mean would judge them by what the drafters did there for code); and
 temperature moves acceptance most: with MTP's drafter a chat row emits about 1.8 tokens a step at T=1,
-2.9 at T=0 (`routing.json`, S3).
+2.9 at T=0 (`routing.json` of 39b7026, S3).
 A move must gain `MARGIN` (the estimates are noisy, and a row's first steps are not its typical ones).
 A row running alone is judged the same way: at one row the linear model prices a 16-token verify at
 about 1.5x a one-token forward, close to the 1.45x the demo bundle's card measures, and a drafter that

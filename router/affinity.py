@@ -3,11 +3,12 @@ whose rows are least unlike it (batch affinity).
 
 A worker verifies all its rows in one step, and whether drafting pays is a property of the whole batch.
 At temperature 1 every drafter's acceptance falls (MTP's drafter: about 1.8 tokens a step for chat at
-T=1, 2.9 at T=0, `bench/results/routing.json` S3), and a step whose rows are all hot may do better not
-drafting (D-Cut's finding; in session 13's runs the all-AR fleet was the fastest for that traffic in S2
-and S3). But one greedy row keeps its step drafting, and a plain row beside drafting rows saves nothing, its verify
-being padded to the widest row (engines/modes.py). Least-loaded balancing deals hot and greedy rows out
-to every worker alike, so every batch is mixed and no worker's step can go plain.
+T=1, 2.9 at T=0, `bench/results/routing.json` of 39b7026, S3), and a step whose rows are all hot may
+do better not drafting (D-Cut's finding; in session 13's runs the all-AR fleet was the fastest for that
+traffic in S2 and S3). But one greedy row keeps its step drafting, and a plain row beside drafting rows
+saves nothing, its verify being padded to the widest row (engines/modes.py). Least-loaded balancing
+deals hot and greedy rows out to every worker alike, so every batch is mixed and no worker's step can
+go plain.
 
 So a request carries a kind (`kind_of`: hot, at the temperatures where drafting stops paying, or
 cool), each worker counts its in-flight rows of each kind (`router.pools.WorkerLoad`, over every pool
