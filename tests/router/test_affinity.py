@@ -52,7 +52,7 @@ def test_within_slack_the_worker_running_the_requests_kind_wins() -> None:
 
 
 def test_the_dispatcher_batches_hot_requests_with_hot_ones_and_counts_them_per_worker() -> None:
-    """Four streams held open at once, hot and cool alternating, over a pool of two workers: with a slack
+    """Six streams held open at once, hot and cool alternating, over a pool of two workers: with a slack
     of one row each worker runs one kind (least-loaded balancing alone may mix them); closing the
     streams returns every worker's count to zero."""
 
