@@ -29,8 +29,7 @@ from collections.abc import Iterable, Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from router import affinity
-from router.affinity import Candidate
+from router.affinity import Candidate, choose
 from router.discovery import DnsDiscovery, Resolver
 from router.estimate import NON_SPECULATIVE_ENGINES
 from router.policy import PoolState
@@ -349,7 +348,7 @@ class PoolManager:
         now = time.monotonic()
         eps = [e for e in self.pools.get(pool, ()) if not (exclude and e in exclude) and e.available(now)]
         cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.kinds[kind], e.worker.inflight) for e in eps]
-        best = [eps[i] for i in affinity.choose(cands, self.affinity_slack if kind else 0.0)]
+        best = [eps[i] for i in choose(cands, self.affinity_slack if kind else 0.0)]
         if not best:
             return None
         return best[0] if len(best) == 1 else self.rng.choice(best)
