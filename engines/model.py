@@ -60,6 +60,9 @@ class ModelConfig:
             raise UserError(f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         if d.get("rope_scaling"):
             raise UserError(f"unsupported config: rope_scaling={d['rope_scaling']!r}")
+        rope = d.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default":
+            raise UserError(f"unsupported config: rope_parameters={rope!r} (only the default rotary embedding)")
         if d.get("hidden_act", "silu") != "silu":
             raise UserError(f"unsupported config: hidden_act={d['hidden_act']!r} (only silu)")
         head_dim = d.get("head_dim")
@@ -75,7 +78,7 @@ class ModelConfig:
             num_attention_heads=d["num_attention_heads"],
             num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
             max_position_embeddings=d.get("max_position_embeddings", 2048),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),

@@ -1,19 +1,21 @@
-"""Our byte-level BPE tokenizer: special tokens, chat template, loading.
+"""A bundle's tokenizer: `tokenizer.json`, and from `tokenizer_config.json` its chat template, EOS
+token and the placeholder token block drafters feed (`mask_token`).
 
-Special tokens (ids fixed in this order at training time):
+Our own byte-level BPE (the demo bundle) has fixed special tokens, in this order:
   <|endoftext|> document separator, <|pad|>, <|mask|> (block drafters' placeholder),
   <|system|>, <|user|>, <|assistant|>, <|end|> (end of turn; the chat model's EOS).
-
-The chat template is stored in `tokenizer_config.json` (Jinja, for `transformers.AutoTokenizer`)
-and mirrored by `format_chat` here, so the worker needs no Jinja at request time; a test checks
-that the two agree.
+Its chat template (`CHAT_TEMPLATE`) is mirrored by `format_chat`, so rendering it needs no Jinja; a
+test checks that the two agree. Any other template (an imported model's own, e.g. ChatML) is
+rendered by a sandboxed, compiled Jinja template, as `transformers` renders it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from specroute.errors import UserError
 
@@ -22,6 +24,7 @@ SYSTEM, USER, ASSISTANT, END = "<|system|>", "<|user|>", "<|assistant|>", "<|end
 SPECIAL_TOKENS = [EOT, PAD, MASK, SYSTEM, USER, ASSISTANT, END]
 ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
 
+CHAT_ROLES = ("system", "user", "assistant")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
@@ -60,11 +63,28 @@ def tokenizer_config() -> dict:
     }
 
 
+def _token_text(value: Any) -> str | None:
+    """A special token as `tokenizer_config.json` writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _check_roles(messages: list[dict]) -> None:
+    for m in messages:
+        if m.get("role") not in CHAT_ROLES:
+            raise UserError(f"unknown chat role {m.get('role')!r} (expected system, user or assistant)")
+
+
 @dataclass
 class Tokenizer:
-    """Thin wrapper over `tokenizers.Tokenizer` with the ids the engines need."""
+    """Thin wrapper over `tokenizers.Tokenizer` with the ids and the chat format the engines need."""
 
     inner: object  # tokenizers.Tokenizer
+    chat_template: str = CHAT_TEMPLATE
+    eos_token: str = END
+    mask_token: str = MASK
+    bos_token: str | None = None
 
     @classmethod
     def load(cls, model_dir: str | Path) -> Tokenizer:
@@ -73,7 +93,16 @@ class Tokenizer:
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise UserError(f"no tokenizer.json in {model_dir}")
-        return cls(HFTokenizer.from_file(str(path)))
+        cfg_path = Path(model_dir) / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        template = cfg.get("chat_template")
+        jinja = Path(model_dir) / "chat_template.jinja"
+        if not template and jinja.is_file():
+            template = jinja.read_text()
+        return cls(HFTokenizer.from_file(str(path)), chat_template=template or CHAT_TEMPLATE,
+                   eos_token=_token_text(cfg.get("eos_token")) or END,
+                   mask_token=_token_text(cfg.get("mask_token")) or MASK,
+                   bos_token=_token_text(cfg.get("bos_token")))
 
     def token_id(self, token: str) -> int:
         tid = self.inner.token_to_id(token)
@@ -87,15 +116,42 @@ class Tokenizer:
 
     @property
     def eos_id(self) -> int:
-        return self.token_id(END)
+        return self.token_id(self.eos_token)
 
     @property
     def mask_id(self) -> int:
-        return self.token_id(MASK)
+        return self.token_id(self.mask_token)
 
     @property
     def eot_id(self) -> int:
         return self.token_id(EOT)
+
+    def special_ids(self) -> list[int]:
+        """Ids of the tokenizer's special (added, special) tokens."""
+        return sorted(i for i, t in self.inner.get_added_tokens_decoder().items() if t.special)
+
+    @cached_property
+    def _template(self) -> Any:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise UserError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template)
+        except TemplateError as exc:
+            raise UserError(f"chat template does not compile: {exc}") from None
+
+    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt string of `messages` in this model's chat format."""
+        if self.chat_template == CHAT_TEMPLATE:
+            return format_chat(messages, add_generation_prompt)
+        _check_roles(messages)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token)
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text, add_special_tokens=False).ids
@@ -107,7 +163,7 @@ class Tokenizer:
         return self.inner.decode(ids, skip_special_tokens=False)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.encode(format_chat(messages, add_generation_prompt=True))
+        return self.encode(self.format_chat(messages, add_generation_prompt=True))
 
 
 def save_tokenizer_config(out_dir: str | Path) -> None:

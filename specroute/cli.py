@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("router.cli", "run the OpenAI-compatible gateway"),
     "worker": ("engines.worker.cli", "run a gRPC engine worker"),
     "generate": ("engines.cli_generate", "one-off generation with acceptance stats"),
+    "model": ("engines.importer", "import a model (HF folder, GGUF, packaged file) as a bundle"),
     "train": ("engines.training.cli", "train tokenizer, target or drafters"),
     "classifier": ("classifier.cli", "train / evaluate the request classifier"),
     "bench": ("bench.cli", "benchmarks writing bench/results/*.json"),

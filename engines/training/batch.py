@@ -24,6 +24,7 @@ from engines.training.distill import (
     DistillSet,
     Features,
     build_set,
+    cached_chunks,
     cached_data,
     concat,
     pick_prompts,
@@ -77,16 +78,23 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     fp = target_fingerprint(target)
     key = set_key(fp, p.per_domain, p.max_prompt, p.max_new, p.seed, layers)
     prompts = pick_prompts("train", p.per_domain, p.seed)
-    parts = [cached_data(work / f"selfdistill_{key}", lambda: build_set(
-        target, tok, prompts, p.max_prompt, p.max_new, p.gen_batch, layers, "self-distill (train prompts)"))]
+
+    def greedy(chunk: list, n: int) -> tuple[DistillSet, Features]:
+        return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
+                         f"self-distill (train prompts, part {n})")
+
+    parts = [cached_chunks(work / f"selfdistill_{key}", prompts, p.gen_chunk, greedy)]
     n_sampled = round(p.sampled_fraction * p.per_domain)
     if n_sampled:
         some = [q for d in DOMAINS for q in [q for q in prompts if q.domain == d][:n_sampled]]
         skey = set_key(key, n_sampled, p.sampled_temperature)
-        parts.append(cached_data(work / f"selfdistill_sampled_{skey}", lambda: build_set(
-            target, tok, some, p.max_prompt, p.max_new, p.gen_batch, layers,
-            f"self-distill (train prompts, sampled at T={p.sampled_temperature:g})", p.sampled_temperature,
-            p.seed)))
+
+        def sampled(chunk: list, n: int) -> tuple[DistillSet, Features]:
+            return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
+                             f"self-distill (train prompts, sampled at T={p.sampled_temperature:g}, part {n})",
+                             p.sampled_temperature, p.seed + n)
+
+        parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled))
     train, train_f = concat(parts)
     hkey = set_key(fp, p.heldout_per_domain, p.max_prompt, p.max_new, p.seed, layers)
     held, held_f = cached_data(work / f"heldout_{hkey}", lambda: build_set(

@@ -166,9 +166,7 @@ def build_set(target: Transformer, tok: Tokenizer, prompts: list[Prompt], max_pr
     sampled responses' ids carry `@T<temperature>`."""
     import time
 
-    from engines.tokenizer import format_chat
-
-    enc = tok.encode_batch([format_chat([{"role": "user", "content": p.prompt}], add_generation_prompt=True)
+    enc = tok.encode_batch([tok.format_chat([{"role": "user", "content": p.prompt}])
                             for p in prompts])
     keep = [(p, e) for p, e in zip(prompts, enc, strict=True) if 0 < len(e) <= max_prompt]
     t0 = time.perf_counter()
@@ -208,14 +206,17 @@ def concat(parts: list[tuple[DistillSet, Features]]) -> tuple[DistillSet, Featur
     return data, feats
 
 
-def cached_data(stem: Path, make) -> tuple[DistillSet, Features]:  # type: ignore[no-untyped-def]
-    """`stem`.json (token sequences) + `stem`.pt (features), made once by `make()`."""
+def _load_cached(stem: Path) -> tuple[DistillSet, Features] | None:
     js, pt = stem.with_suffix(".json"), stem.with_suffix(".pt")
-    if js.is_file() and pt.is_file():
-        state = torch.load(pt, weights_only=True)
-        feats = Features(state["offsets"], state["captured"], state["final"], state["layers"].tolist())
-        return DistillSet(**json.loads(js.read_text())), feats
-    data, feats = make()
+    if not (js.is_file() and pt.is_file()):
+        return None
+    state = torch.load(pt, weights_only=True)
+    feats = Features(state["offsets"], state["captured"], state["final"], state["layers"].tolist())
+    return DistillSet(**json.loads(js.read_text())), feats
+
+
+def _save_cached(stem: Path, data: DistillSet, feats: Features) -> None:
+    js, pt = stem.with_suffix(".json"), stem.with_suffix(".pt")
     stem.parent.mkdir(parents=True, exist_ok=True)
     tmp = pt.with_suffix(".tmp")
     torch.save({"offsets": feats.offsets, "captured": feats.captured, "final": feats.final,
@@ -224,7 +225,26 @@ def cached_data(stem: Path, make) -> tuple[DistillSet, Features]:  # type: ignor
     tmp = js.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(data)))
     tmp.replace(js)
+
+
+def cached_data(stem: Path, make) -> tuple[DistillSet, Features]:  # type: ignore[no-untyped-def]
+    """`stem`.json (token sequences) + `stem`.pt (features), made once by `make()`."""
+    got = _load_cached(stem)
+    if got is not None:
+        return got
+    data, feats = make()
+    _save_cached(stem, data, feats)
     return data, feats
+
+
+def cached_chunks(stem: Path, prompts: list[Prompt], chunk: int, make) -> tuple[DistillSet, Features]:  # type: ignore[no-untyped-def]
+    """The set of `prompts` made `chunk` prompts at a time by `make(prompts_of_chunk, index)`, each
+    chunk cached as `stem`.partNNN, so an interrupted generation resumes at the first missing chunk."""
+    parts = []
+    for n, c in enumerate(range(0, len(prompts), chunk)):
+        part = stem.with_name(f"{stem.name}.part{n:03d}")
+        parts.append(cached_data(part, lambda c=c, n=n: make(prompts[c:c + chunk], n)))
+    return concat(parts)
 
 
 def set_key(*parts: object) -> str:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from engines.drafters.head import draft_vocab_from_counts
 from engines.model import Transformer
-from engines.tokenizer import SPECIAL_TOKENS, Tokenizer
+from engines.tokenizer import Tokenizer
 from engines.training.distill import DistillSet, greedy_responses, pick_prompts
 from specroute.errors import UserError
 
@@ -45,7 +45,7 @@ def coverage(ids: Tensor, counts: Tensor) -> float:
 
 def always_ids(tok: Tokenizer, target: Transformer) -> list[int]:
     """Tokens every draft vocabulary keeps: EOS ids and the special tokens."""
-    return sorted(set(target.config.eos_ids) | {tok.token_id(t) for t in SPECIAL_TOKENS})
+    return sorted(set(target.config.eos_ids) | set(tok.special_ids()))
 
 
 def vocab_for(data: DistillSet, tok: Tokenizer, target: Transformer, size: int) -> Tensor:
@@ -54,10 +54,8 @@ def vocab_for(data: DistillSet, tok: Tokenizer, target: Transformer, size: int) 
 
 def _responses(target: Transformer, tok: Tokenizer, split: str, per_domain: int, max_new: int,
                seed: int) -> DistillSet:
-    from engines.tokenizer import format_chat
-
     prompts = pick_prompts(split, per_domain, seed)
-    enc = tok.encode_batch([format_chat([{"role": "user", "content": p.prompt}], add_generation_prompt=True)
+    enc = tok.encode_batch([tok.format_chat([{"role": "user", "content": p.prompt}])
                             for p in prompts])
     keep = [(p, e) for p, e in zip(prompts, enc, strict=True) if 0 < len(e) <= 320]
     resp, _ = greedy_responses(target, [e for _, e in keep], max_new, set(target.config.eos_ids) | {tok.eos_id},

@@ -138,13 +138,14 @@ class LocalBackend:
     def __init__(self, settings, observer=None) -> None:
         from engines.factory import load_engine, make_batcher
         from engines.forward_cost import measure_compute_bound
+        from engines.worker.settings import DEFAULT_CONTEXT
 
         try:
             self.engine = load_engine(settings.engine, settings.model, settings.block_size)
         except EngineError as exc:
             raise UserError(str(exc)) from None
         cfg = BatcherConfig(max_running=settings.max_running, max_waiting=settings.max_waiting,
-                            max_len=settings.context_length or self.engine.max_context,
+                            max_len=settings.context_length or min(self.engine.max_context, DEFAULT_CONTEXT),
                             prefill_chunk=settings.prefill_chunk, prefill_budget=settings.prefill_budget,
                             k=settings.k)
         self.batcher: Batcher = make_batcher(self.engine, cfg, dcut=settings.dcut, threads=settings.threads,

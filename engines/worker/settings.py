@@ -10,6 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engines.drafters.registry import engine_kinds
 
 EXTERNAL_ENGINES = ("vllm", "null")   # vLLM's engine and the null test double
+# the context a worker serves when `context_length` is unset: the model's max positions, at most this
+# (every slot's KV cache is allocated up front: 32 slots x 8,192 positions of a 30-layer model is 12 GB)
+DEFAULT_CONTEXT = 2048
 
 
 def worker_engines() -> tuple[str, ...]:
@@ -29,7 +32,7 @@ class WorkerSettings(BaseSettings):
     max_running: int = Field(32, ge=1, le=1024)
     max_waiting: int = Field(128, ge=0)
     max_tokens_default: int = Field(256, ge=1)
-    context_length: int | None = Field(None, ge=8)            # default: the model's max positions
+    context_length: int | None = Field(None, ge=8)            # default: model's max positions, <= DEFAULT_CONTEXT
     block_size: int | None = Field(None, ge=2, le=33)         # block drafters: tokens per block (B; drafts B-1)
     k: int | None = Field(None, ge=0, le=32)                  # draft tokens per step (default: drafter max)
     prefill_chunk: int = Field(128, ge=1)
