@@ -27,6 +27,7 @@ from engines.training.distill import (
     cached_chunks,
     cached_data,
     concat,
+    forward_features,
     pick_prompts,
     set_key,
 )
@@ -69,21 +70,26 @@ def make_batch(data: DistillSet, feats: Features, idx: list[int], drafter: Draft
     return Batch(tokens, out, torch.tensor(lens), torch.tensor([data.prompt_lens[i] for i in idx]), final)
 
 
-def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Path, layers: list[int]
-                 ) -> tuple[DistillSet, Features, DistillSet, Features]:
+def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Path, layers: list[int],
+                 store: Path | None = None) -> tuple[DistillSet, Features, DistillSet, Features]:
     """Train and held-out sets with their features (`layers` captured), cached under `work`. The train
     set is the greedy answers to the train prompts plus, for the first `sampled_fraction` of each
     domain's prompts, answers sampled at `sampled_temperature` (cached apart, so the greedy set is
-    shared by recipes that differ only in the mix). The held-out set stays greedy (T=0 reporting)."""
+    shared by recipes that differ only in the mix). The held-out set stays greedy (T=0 reporting).
+    With `store` (the recipe's `keep_data`: the bundle's `selfdistill/`), the train set's token
+    sequences are kept there too, so a fresh machine recomputes only their features."""
     fp = target_fingerprint(target)
     key = set_key(fp, p.per_domain, p.max_prompt, p.max_new, p.seed, layers)
     prompts = pick_prompts("train", p.per_domain, p.seed)
 
     def greedy(chunk: list, n: int) -> tuple[DistillSet, Features]:
         return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
-                         f"self-distill (train prompts, part {n})")
+                         f"self-distill (train prompts, part {n})", bf16=p.gen_bf16)
 
-    parts = [cached_chunks(work / f"selfdistill_{key}", prompts, p.gen_chunk, greedy)]
+    def refeature(data: DistillSet) -> Features:
+        return forward_features(target, data, layers, p.gen_bf16)
+
+    parts = [cached_chunks(work / f"selfdistill_{key}", prompts, p.gen_chunk, greedy, refeature, store)]
     n_sampled = round(p.sampled_fraction * p.per_domain)
     if n_sampled:
         some = [q for d in DOMAINS for q in [q for q in prompts if q.domain == d][:n_sampled]]
@@ -92,12 +98,13 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
         def sampled(chunk: list, n: int) -> tuple[DistillSet, Features]:
             return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
                              f"self-distill (train prompts, sampled at T={p.sampled_temperature:g}, part {n})",
-                             p.sampled_temperature, p.seed + n)
+                             p.sampled_temperature, p.seed + n, p.gen_bf16)
 
-        parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled))
+        parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled, refeature,
+                                   store))
     train, train_f = concat(parts)
     hkey = set_key(fp, p.heldout_per_domain, p.max_prompt, p.max_new, p.seed, layers)
     held, held_f = cached_data(work / f"heldout_{hkey}", lambda: build_set(
         target, tok, pick_prompts("heldout", p.heldout_per_domain, p.seed), p.max_prompt, p.max_new,
-        p.gen_batch, layers, "responses (held-out prompts, eval only)"))
+        p.gen_batch, layers, "responses (held-out prompts, eval only)", bf16=p.gen_bf16))
     return train, train_f, held, held_f

@@ -6,7 +6,8 @@ itself: responses (chat template, `max_new` tokens at most) to the TRAIN prompts
 accepts; responses *sampled* at a temperature (AngelSpec regenerates at 0.8) cover the text a client
 sampling at T > 0 actually produces, where the target's distribution is broad (the recipe mixes both,
 `recipe.DrafterPreset.sampled_*`). Generation is batched over the slot cache (finished rows drop out
-of the batch) under bf16 autocast (about 5x the fp32 matmul speed on this CPU). The target features
+of the batch), under bf16 autocast where the recipe asks for it (`gen_bf16`: about 5x the fp32 matmul speed
+for the small demo target on this CPU, no gain for a 135M one). The target features
 (outputs of the captured layers and the final hidden state) are taken in process from the same
 forwards, so no second pass is needed; token sequences (JSON) and features (bf16 tensors) are cached
 under the work directory and shared by the drafters. The final hidden state is also the teacher of
@@ -98,7 +99,8 @@ def _next(logits: Tensor, temperature: float, gen: torch.Generator | None) -> Te
 @torch.no_grad()
 def responses(target: Transformer, prompts: list[list[int]], max_new: int, eos_ids: set[int],
               batch_size: int, capture: list[int] | None = None, desc: str = "generate",
-              temperature: float = 0.0, seed: int = 0) -> tuple[list[list[int]], list[Tensor] | None]:
+              temperature: float = 0.0, seed: int = 0, bf16: bool = True
+              ) -> tuple[list[list[int]], list[Tensor] | None]:
     """Continuations (EOS included when reached) for many prompts, `batch_size` at a time, under bf16
     autocast: greedy at temperature 0, else sampled from softmax(logits / temperature) (one generator
     seeded by `seed`, so a set is reproducible). With `capture`, also the features of every position
@@ -112,7 +114,7 @@ def responses(target: Transformer, prompts: list[list[int]], max_new: int, eos_i
     bar = tqdm(total=len(prompts), desc=desc, dynamic_ncols=True)
 
     def fwd(tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor) -> tuple[Tensor, Tensor | None]:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = target(tokens, positions, cache, rows, layers)
         f = torch.cat([*out.captured, out.hidden], -1).to(torch.bfloat16) if capture is not None else None
         return out.hidden, f
@@ -122,7 +124,8 @@ def responses(target: Transformer, prompts: list[list[int]], max_new: int, eos_i
         nb = len(chunk)
         lens = torch.tensor([len(prompts[i]) for i in chunk])
         width = int(lens.max())
-        cache = KVCache.for_model(target.config, nb, width + max_new + 1, dtype=torch.bfloat16)
+        cache = KVCache.for_model(target.config, nb, width + max_new + 1,
+                                  dtype=torch.bfloat16 if bf16 else torch.float32)
         toks = torch.zeros(nb, width, dtype=torch.long)
         for r, i in enumerate(chunk):
             toks[r, :len(prompts[i])] = torch.tensor(prompts[i])
@@ -161,7 +164,7 @@ def responses(target: Transformer, prompts: list[list[int]], max_new: int, eos_i
 
 def build_set(target: Transformer, tok: Tokenizer, prompts: list[Prompt], max_prompt: int, max_new: int,
               batch_size: int, layers: list[int], desc: str, temperature: float = 0.0,
-              seed: int = 0) -> tuple[DistillSet, Features]:
+              seed: int = 0, bf16: bool = True) -> tuple[DistillSet, Features]:
     """The target's responses to `prompts` (greedy, or sampled at `temperature`) and their features;
     sampled responses' ids carry `@T<temperature>`."""
     import time
@@ -171,7 +174,7 @@ def build_set(target: Transformer, tok: Tokenizer, prompts: list[Prompt], max_pr
     keep = [(p, e) for p, e in zip(prompts, enc, strict=True) if 0 < len(e) <= max_prompt]
     t0 = time.perf_counter()
     resp, feats = responses(target, [e for _, e in keep], max_new, set(target.config.eos_ids) | {tok.eos_id},
-                            batch_size, layers, desc, temperature, seed)
+                            batch_size, layers, desc, temperature, seed, bf16)
     tag = f"@T{temperature:g}" if temperature > 0.0 else ""
     data = DistillSet(
         ids=[p.id + tag for p, _ in keep], domains=[p.domain for p, _ in keep],
@@ -237,13 +240,45 @@ def cached_data(stem: Path, make) -> tuple[DistillSet, Features]:  # type: ignor
     return data, feats
 
 
-def cached_chunks(stem: Path, prompts: list[Prompt], chunk: int, make) -> tuple[DistillSet, Features]:  # type: ignore[no-untyped-def]
+@torch.no_grad()
+def forward_features(target: Transformer, data: DistillSet, layers: list[int], bf16: bool = True) -> Features:
+    """The features of stored token sequences by one teacher-forced forward each (no generation): the
+    same rows `responses` takes while generating (position t's outputs for t < len - 1, a zero last row)."""
+    rows = []
+    for toks in tqdm(data.tokens, desc="features (teacher-forced)", dynamic_ncols=True):
+        x = torch.tensor([toks[:-1]])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = target(x, torch.arange(x.shape[1])[None], capture=layers)
+        f = torch.cat([*out.captured, out.hidden], -1)[0].to(torch.bfloat16)
+        rows.append(torch.cat([f, torch.zeros(1, f.shape[1], dtype=f.dtype)]))
+    return pack_features(rows, layers, target.config.hidden_size)
+
+
+def cached_chunks(stem: Path, prompts: list[Prompt], chunk: int, make, refeature,  # type: ignore[no-untyped-def]
+                  store: Path | None = None) -> tuple[DistillSet, Features]:
     """The set of `prompts` made `chunk` prompts at a time by `make(prompts_of_chunk, index)`, each
-    chunk cached as `stem`.partNNN, so an interrupted generation resumes at the first missing chunk."""
+    chunk cached as `stem`-partNNN, so an interrupted generation resumes at the first missing chunk.
+    With `store`, each part's token sequences are also kept there (`<part>.json.gz`, small enough to
+    commit beside the bundle), and a part found only there gets its features from `refeature(data)`,
+    a teacher-forced forward, instead of being generated again."""
+    import gzip
+
     parts = []
     for n, c in enumerate(range(0, len(prompts), chunk)):
-        part = stem.with_name(f"{stem.name}.part{n:03d}")
-        parts.append(cached_data(part, lambda c=c, n=n: make(prompts[c:c + chunk], n)))
+        part = stem.with_name(f"{stem.name}-part{n:03d}")
+        kept = store / f"{part.name}.json.gz" if store is not None else None
+        got = _load_cached(part)
+        if got is None and kept is not None and kept.is_file():
+            data = DistillSet(**json.loads(gzip.decompress(kept.read_bytes())))
+            got = data, refeature(data)
+            _save_cached(part, *got)
+        if got is None:
+            got = make(prompts[c:c + chunk], n)
+            _save_cached(part, *got)
+        if kept is not None and not kept.is_file():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_bytes(gzip.compress(json.dumps(asdict(got[0])).encode(), mtime=0))
+        parts.append(got)
     return concat(parts)
 
 

@@ -141,7 +141,8 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
     target, tok = load_model(out_dir), Tokenizer.load(out_dir)
     freeze(target)
     layers = default_target_layers(target.config.num_hidden_layers, p.n_target_layers)
-    data, feats, held, held_feats = prepare_data(target, tok, p, work, layers)
+    data, feats, held, held_feats = prepare_data(target, tok, p, work, layers,
+                                                 out_dir / "selfdistill" if p.keep_data else None)
     data_seconds = time.perf_counter() - t_start
     if not len(data):
         raise UserError("no training prompts fit the preset's prompt length")

@@ -27,6 +27,8 @@ class DrafterPreset(Schedule):
     max_new: int = 192
     gen_batch: int = 64
     gen_chunk: int = 256             # prompts per cached part: an interrupted generation resumes there
+    gen_bf16: bool = True            # generate under bf16 autocast (else fp32: the answers the served target gives)
+    keep_data: bool = False          # keep the train answers' tokens in the bundle (OUT/selfdistill/*.json.gz)
     # wall-time budget per drafter: after `calibrate_at` steps the total is fixed to what fits (<= steps)
     time_budget_s: float | None = 600.0
     calibrate_at: int = 20
@@ -52,13 +54,13 @@ class DrafterPreset(Schedule):
 
 DEMO = DrafterPreset(steps=2000, batch_size=8, lr=2e-3, min_lr=2e-4, warmup=40, weight_decay=0.01,
                      eval_every=100_000, ckpt_every=50)   # evaluation: besides half-way and at the end
-# a pretrained target (SmolLM2-135M-Instruct: 30 layers, width 576, vocabulary 49,152): its answers are
-# longer and its vocabulary 6x the demo's, so fewer prompts, smaller cached parts, a step cap instead of
-# a wall-time budget (the machine is shared: a budget would make the run depend on the load), and a
-# larger draft vocabulary (the LM head rows drafters may propose)
-SMOLLM2 = replace(DEMO, per_domain=300, sampled_fraction=0.5, heldout_per_domain=20, max_prompt=384, max_new=192,
-                  gen_batch=32, gen_chunk=96, time_budget_s=None, steps=3000, eval_every=1000, ckpt_every=50,
-                  draft_vocab=8192)
+# a pretrained target (SmolLM2-135M-Instruct: 30 layers, width 576, vocabulary 49,152): answers generated in
+# fp32 (exactly what it serves; bf16 autocast is no faster at this size here), fewer prompts and smaller
+# cached parts (its answers are longer), a step cap instead of a wall-time budget (on a shared machine a
+# budget makes the run depend on the load), and a larger draft vocabulary (6x the demo's vocabulary)
+SMOLLM2 = replace(DEMO, per_domain=200, sampled_fraction=0.5, heldout_per_domain=20, max_prompt=384,
+                  max_new=160, gen_batch=48, gen_chunk=96, gen_bf16=False, keep_data=True, time_budget_s=None, steps=3000,
+                  eval_every=1000, ckpt_every=50, draft_vocab=8192)
 PRESETS = {
     "demo": DEMO,
     "smollm2": SMOLLM2,

@@ -75,3 +75,38 @@ def test_greedy_and_sampled_sets_concatenate_with_their_features():
         torch.testing.assert_close(feats.captured[feats.rows(i)], src[1].captured[src[1].rows(j)])
     old = DistillSet(ids=["a"], domains=["chat"], prompt_lens=[1], tokens=[[1, 2]])   # cached before sampling
     assert old.temperature(0) == 0.0
+
+
+@torch.no_grad()
+def test_stored_tokens_come_back_with_their_features_without_generating(tmp_path):
+    from engines.training.data import Prompt
+    from engines.training.distill import cached_chunks, forward_features, pack_features
+
+    target = make_target()
+    seqs = _prompts(4)
+    prompts = [Prompt(f"p{i}", "s", "chat", "x", "") for i in range(4)]
+    made: list[int] = []
+
+    def make(chunk: list[Prompt], n: int) -> tuple[DistillSet, Features]:
+        made.append(n)
+        idx = [int(p.id[1:]) for p in chunk]
+        resp, feats = responses(target, [seqs[i] for i in idx], 5, set(), batch_size=2, capture=[1], bf16=False)
+        data = DistillSet(ids=[p.id for p in chunk], domains=["chat"] * len(chunk),
+                          prompt_lens=[len(seqs[i]) for i in idx],
+                          tokens=[seqs[i] + r for i, r in zip(idx, resp, strict=True)])
+        assert feats is not None
+        return data, pack_features(feats, [1], target.config.hidden_size)
+
+    def refeature(data: DistillSet) -> Features:
+        return forward_features(target, data, [1], bf16=False)
+
+    store = tmp_path / "store"
+    first, ff = cached_chunks(tmp_path / "a" / "set", prompts, 3, make, refeature, store)
+    assert made == [0, 1] and sorted(p.name for p in store.iterdir()) == ["set-part000.json.gz", "set-part001.json.gz"]
+    # a fresh machine: only the stored tokens are there; nothing is generated again
+    again, fa = cached_chunks(tmp_path / "b" / "set", prompts, 3, make, refeature, store)
+    assert made == [0, 1]
+    assert again.tokens == first.tokens
+    torch.testing.assert_close(fa.offsets, ff.offsets)
+    torch.testing.assert_close(fa.captured.float(), ff.captured.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(fa.final.float(), ff.final.float(), atol=0.05, rtol=0.02)
