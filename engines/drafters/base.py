@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.drafters.config import DraftConfig
@@ -103,7 +104,9 @@ class Drafter(nn.Module):
     `draft_vocab` ([N] token ids, saved with the drafter; empty = full vocabulary) restricts what
     drafting proposes to the target's frequent tokens; `head_dtype` is the precision of the drafting
     LM head (None: the target's). Both only change drafting speed and acceptance, never the output.
-    Training and `draft_logits` always use the exact full head."""
+    Training and `draft_logits` use the exact head, over the full vocabulary or, once
+    `set_train_vocab` names the draft vocabulary, over those rows only (logits [.., N], index i is
+    token `train_vocab[i]`; `vocab_index` / `vocab_token` translate labels and predictions)."""
 
     # --- traits: what the engine, CLI, training and benchmarks need to know about a kind ---------
     kind: ClassVar[str] = ""
@@ -148,6 +151,7 @@ class Drafter(nn.Module):
         self.register_buffer("draft_vocab", torch.zeros(n_vocab, dtype=torch.long))
         self.head_dtype: torch.dtype | None = None
         self._head: DraftHead | None = None
+        self.train_vocab: Tensor | None = None   # [N] token ids training logits range over (None: all V)
         # at T > 0: sample drafts from q (True) or draft greedily, q one-hot (False); set by the engine
         self.sample_drafts: bool = False
 
@@ -193,8 +197,39 @@ class Drafter(nn.Module):
         return self.target.embed(tokens)
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """The exact full LM head (training, teacher-forced evaluation): [.., H] -> [.., V] fp32."""
-        return self.target.logits(hidden)
+        """The exact LM head (training, teacher-forced evaluation): [.., H] -> [.., V] fp32, or
+        [.., N] over the training vocabulary when one is set."""
+        if self.train_vocab is None:
+            return self.target.logits(hidden)
+        return self.vocab_rows(self.target.lm_head, hidden).float()
+
+    def vocab_rows(self, layer: nn.Linear, x: Tensor) -> Tensor:
+        """`layer(x)` for an output layer over the vocabulary ([out V, in]), restricted to the
+        training vocabulary's rows when one is set: [.., V] or [.., N]."""
+        if self.train_vocab is None:
+            return layer(x)
+        return F.linear(x, layer.weight[self.train_vocab])
+
+    def set_train_vocab(self, ids: Tensor | None) -> None:
+        """Train over these token ids only ([N]; None, empty or all V: the full vocabulary): the
+        draft vocabulary the drafter will serve with, so the LM head costs N rows instead of V. The
+        target's distribution restricted to the set and renormalised is then the teacher, which is
+        what drafting from the set can best match (tokens outside it are never drafted)."""
+        full = ids is None or ids.numel() == 0 or ids.numel() >= self.target.config.vocab_size
+        self.train_vocab = None if full else ids.long().flatten()
+
+    def vocab_index(self, tokens: Tensor) -> Tensor:
+        """Token ids -> indices into the training logits (-100, cross-entropy's ignore index, for a
+        token outside the training vocabulary)."""
+        if self.train_vocab is None:
+            return tokens
+        lookup = torch.full((self.target.config.vocab_size,), -100, dtype=torch.long)
+        lookup[self.train_vocab] = torch.arange(self.train_vocab.numel())
+        return lookup[tokens]
+
+    def vocab_token(self, index: Tensor) -> Tensor:
+        """Indices into the training logits -> token ids."""
+        return index if self.train_vocab is None else self.train_vocab[index]
 
     def set_draft_vocab(self, ids: Tensor) -> None:
         """Replace the draft vocabulary ([N] token ids; empty or all V ids: full vocabulary)."""

@@ -71,7 +71,7 @@ class DSparkDrafter(DFlashDrafter):
         of the same slots in `self.conf_logits` [.., Bk-1] for the objective."""
         hs, e = h[..., 1:, :], self.markov_in(block[..., :-1])          # [.., Bk-1, H], [.., Bk-1, r]
         self.conf_logits = self.confidence(torch.cat([hs, e], -1).detach()).squeeze(-1)
-        return self.lm_logits(hs) + self.markov_out(e).float()
+        return self.lm_logits(hs) + self.vocab_rows(self.markov_out, e).float()
 
     def markov_rows(self) -> Tensor:
         """W2 restricted to the draft vocabulary, in the drafting head's dtype: [N, r] (rebuilt whenever

@@ -151,16 +151,22 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
     warm = None
     if init_from is not None:
         warm = warm_start(drafter, Path(init_from), target)
+    vocab = None
+    if p.draft_vocab:
+        from engines.training.draft_vocab import vocab_for
+
+        vocab = vocab_for(data, tok, target, p.draft_vocab)
+        if p.train_in_draft_vocab:
+            drafter.set_train_vocab(vocab)
     run = Run(drafter, p, (data, feats), (held, held_feats), work / f"{kind}.ckpt.pt")
     if resume and run.ckpt.is_file():
         run.restore()
     if not run.fit(stop_after):
         return {"summary": {"kind": kind, "stopped_at": run.progress.step}}
 
-    if p.draft_vocab:
-        from engines.training.draft_vocab import vocab_for
-
-        drafter.set_draft_vocab(vocab_for(data, tok, target, p.draft_vocab))
+    drafter.set_train_vocab(None)
+    if vocab is not None:
+        drafter.set_draft_vocab(vocab)
     dest = save_drafter(drafter, out_dir / "drafters" / kind)
     final_eval = run.progress.evals[-1] if run.progress.evals else run.evaluate()
     report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds,

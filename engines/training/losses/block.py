@@ -43,6 +43,8 @@ class BlockDrafter(Protocol):
                  mask: Tensor) -> Tensor: ...
     def draft_logits(self, h: Tensor, block: Tensor) -> Tensor: ...
     def lm_logits(self, hidden: Tensor) -> Tensor: ...
+    def vocab_index(self, tokens: Tensor) -> Tensor: ...
+    def vocab_token(self, index: Tensor) -> Tensor: ...
 
 
 def sample_anchors(b: Batch, n: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -111,12 +113,14 @@ def block_loss(d: BlockDrafter, b: Batch, anchors: Tensor, keep: Tensor, block: 
         rows, acc = soft_loss(logits[valid], tl, soft.mode, soft.temps, soft.ce_weight)   # [N]
         loss = (rows * w.expand_as(valid)[valid]).sum() / wv.sum().clamp(min=1e-6)
     else:
-        ce = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none")  # [B, A, Bk-1]
-        loss = (ce * wv).sum() / wv.sum().clamp(min=1e-6)
+        tgt = d.vocab_index(target)                                          # -100: outside the vocabulary
+        ce = F.cross_entropy(logits.permute(0, 3, 1, 2), tgt, reduction="none")  # [B, A, Bk-1]
+        wce = wv * (tgt != -100)
+        loss = (ce * wce).sum() / wce.sum().clamp(min=1e-6)
         acc = expected_acceptance(logits[valid], tl, METRIC_TEMPERATURE) if accept is not None else None
     if accept is not None and acc is not None:
         accept[valid] = acc.detach().float()
-    pred = logits.argmax(-1).reshape(B * A, block - 1)
+    pred = d.vocab_token(logits.argmax(-1)).reshape(B * A, block - 1)
     correct = pred == target.reshape(B * A, block - 1)
     k = keep.view(-1)
     acc_rows = accept.reshape(B * A, block - 1)[k] if accept is not None else None

@@ -33,6 +33,15 @@ class ChainDrafter(Protocol):
     def step(self, hidden: Tensor, tokens: Tensor, positions: Tensor, kv_fn: KVFn) -> Tensor: ...
     def head(self, out: Tensor) -> Tensor: ...
     def lm_logits(self, hidden: Tensor) -> Tensor: ...
+    def vocab_index(self, tokens: Tensor) -> Tensor: ...
+    def vocab_token(self, index: Tensor) -> Tensor: ...
+
+
+def masked_ce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over the labels that are not -100 (a token outside the training
+    vocabulary); 0 when there are none."""
+    n = (labels != -100).sum()
+    return F.cross_entropy(logits, labels, reduction="sum") / n.clamp(min=1)
 
 
 def ttt_mask(P: int, s: int) -> Tensor:
@@ -73,16 +82,16 @@ def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: b
         # the LM head only runs where a label is scored (these are also the only predictions the
         # next on-policy step reads)
         valid = (p_idx - s >= b.prompt_lens[:, None] - 1) & (p_idx + 2 < b.lengths[:, None])
-        logits = d.head(out[valid])                           # [N, V] fp32
+        logits = d.head(out[valid])                           # [N, V] fp32 ([N, N'] over a training vocabulary)
         tl = teach[valid[valid0]] if teach is not None else None   # [N, V]
         if soft is not None and tl is not None:
             rows, acc = soft_loss(logits, tl, soft.mode, soft.temps, soft.ce_weight)
             loss = rows.mean()
         else:
-            loss = F.cross_entropy(logits, labels[valid])
+            loss = masked_ce(logits, d.vocab_index(labels[valid]))
             acc = expected_acceptance(logits, tl, METRIC_TEMPERATURE) if tl is not None else None
         pred = torch.zeros_like(labels)
-        pred[valid] = logits.argmax(-1)
+        pred[valid] = d.vocab_token(logits.argmax(-1))
         accept = torch.zeros(labels.shape)
         if acc is not None:
             accept[valid] = acc.detach().float()

@@ -172,6 +172,27 @@ def test_tiny_pipeline_trains_reports_and_loads(bundle, kind, tmp_path_factory):
     assert f"### {kind}" in card_section(bundle)
 
 
+@pytest.mark.parametrize("kind", ["mtp", "dfly", "dspark"])
+def test_training_over_the_draft_vocabulary(bundle, kind):
+    """Logits range over the draft vocabulary's rows only; labels and predictions are translated; the
+    saved drafter serves with that vocabulary."""
+    from engines.model import load_model
+
+    target = load_model(bundle)
+    d = make_drafter(kind, target, std=0.02).train()
+    ids = torch.arange(3, 3 + 64)
+    d.set_train_vocab(ids)
+    assert d.lm_logits(torch.randn(2, target.config.hidden_size)).shape == (2, 64)
+    tokens = torch.tensor([1, 70, 3, 5, 66])
+    assert d.vocab_index(tokens).tolist() == [-100, -100, 0, 2, 63]
+    assert d.vocab_token(torch.tensor([0, 63])).tolist() == [3, 66]
+    report = train_drafter(kind, bundle, "tiny", work_dir=bundle.parent / "work-vocab", resume=False,
+                           draft_vocab=64, train_in_draft_vocab=True)
+    assert report["summary"]["steps"] == 6
+    served = load_drafter(kind, bundle, target)
+    assert served.draft_vocab.numel() == 64 and served.train_vocab is None
+
+
 def test_tiny_pipeline_resume_is_exact(bundle):
     work_a, work_b = bundle.parent / "resume_a", bundle.parent / "resume_b"
     train_drafter("dfly", bundle, "tiny", work_dir=work_a, resume=False)
