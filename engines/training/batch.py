@@ -79,26 +79,27 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     With `store` (the recipe's `keep_data`: the bundle's `selfdistill/`), the train set's token
     sequences are kept there too, so a fresh machine recomputes only their features."""
     fp = target_fingerprint(target)
-    key = set_key(fp, p.per_domain, p.max_prompt, p.max_new, p.seed, layers)
+    key = set_key(fp, p.max_prompt, p.max_new, p.seed, layers)   # what every cached part shares
     prompts = pick_prompts("train", p.per_domain, p.seed)
+    by_domain = {d: [q for q in prompts if q.domain == d] for d in DOMAINS}
 
-    def greedy(chunk: list, n: int) -> tuple[DistillSet, Features]:
+    def greedy(chunk: list, domain: str, start: int) -> tuple[DistillSet, Features]:
         return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
-                         f"self-distill (train prompts, part {n})", bf16=p.gen_bf16)
+                         f"self-distill ({domain} train prompts from {start})", bf16=p.gen_bf16)
 
     def refeature(data: DistillSet) -> Features:
         return forward_features(target, data, layers, p.gen_bf16)
 
-    parts = [cached_chunks(work / f"selfdistill_{key}", prompts, p.gen_chunk, greedy, refeature, store)]
+    parts = [cached_chunks(work / f"selfdistill_{key}", by_domain, p.gen_chunk, greedy, refeature, store)]
     n_sampled = round(p.sampled_fraction * p.per_domain)
     if n_sampled:
-        some = [q for d in DOMAINS for q in [q for q in prompts if q.domain == d][:n_sampled]]
-        skey = set_key(key, n_sampled, p.sampled_temperature)
+        some = {d: qs[:n_sampled] for d, qs in by_domain.items()}
+        skey = set_key(key, p.sampled_temperature)
 
-        def sampled(chunk: list, n: int) -> tuple[DistillSet, Features]:
+        def sampled(chunk: list, domain: str, start: int) -> tuple[DistillSet, Features]:
             return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
-                             f"self-distill (train prompts, sampled at T={p.sampled_temperature:g}, part {n})",
-                             p.sampled_temperature, p.seed + n, p.gen_bf16)
+                             f"self-distill ({domain} train prompts from {start}, sampled at "
+                             f"T={p.sampled_temperature:g})", p.sampled_temperature, p.seed + start, p.gen_bf16)
 
         parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled, refeature,
                                    store))

@@ -254,31 +254,35 @@ def forward_features(target: Transformer, data: DistillSet, layers: list[int], b
     return pack_features(rows, layers, target.config.hidden_size)
 
 
-def cached_chunks(stem: Path, prompts: list[Prompt], chunk: int, make, refeature,  # type: ignore[no-untyped-def]
+def cached_chunks(stem: Path, by_domain: dict[str, list[Prompt]], chunk: int, make, refeature,  # type: ignore[no-untyped-def]
                   store: Path | None = None) -> tuple[DistillSet, Features]:
-    """The set of `prompts` made `chunk` prompts at a time by `make(prompts_of_chunk, index)`, each
-    chunk cached as `stem`-partNNN, so an interrupted generation resumes at the first missing chunk.
-    With `store`, each part's token sequences are also kept there (`<part>.json.gz`, small enough to
-    commit beside the bundle), and a part found only there gets its features from `refeature(data)`,
-    a teacher-forced forward, instead of being generated again."""
+    """The set of every domain's prompts, made `chunk` prompts at a time by `make(prompts_of_part,
+    domain, start)` (`start`: the part's first position in the domain's list). Each part is cached as `stem-<domain><start>-<end>` (positions in the domain's list), so
+    an interrupted generation resumes at the first missing part, and a larger set (more prompts per
+    domain: the lists are prefix-stable) reuses every part it shares with a smaller one. With `store`,
+    each part's token sequences are also kept there (`<part>.json.gz`, small enough to commit beside
+    the bundle), and a part found only there gets its features from `refeature(data)`, a
+    teacher-forced forward, instead of being generated again."""
     import gzip
 
     parts = []
-    for n, c in enumerate(range(0, len(prompts), chunk)):
-        part = stem.with_name(f"{stem.name}-part{n:03d}")
-        kept = store / f"{part.name}.json.gz" if store is not None else None
-        got = _load_cached(part)
-        if got is None and kept is not None and kept.is_file():
-            data = DistillSet(**json.loads(gzip.decompress(kept.read_bytes())))
-            got = data, refeature(data)
-            _save_cached(part, *got)
-        if got is None:
-            got = make(prompts[c:c + chunk], n)
-            _save_cached(part, *got)
-        if kept is not None and not kept.is_file():
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            kept.write_bytes(gzip.compress(json.dumps(asdict(got[0])).encode(), mtime=0))
-        parts.append(got)
+    for domain, prompts in by_domain.items():
+        for c in range(0, len(prompts), chunk):
+            end = min(c + chunk, len(prompts))
+            part = stem.with_name(f"{stem.name}-{domain}{c:04d}-{end:04d}")
+            kept = store / f"{part.name}.json.gz" if store is not None else None
+            got = _load_cached(part)
+            if got is None and kept is not None and kept.is_file():
+                data = DistillSet(**json.loads(gzip.decompress(kept.read_bytes())))
+                got = data, refeature(data)
+                _save_cached(part, *got)
+            if got is None:
+                got = make(prompts[c:end], domain, c)
+                _save_cached(part, *got)
+            if kept is not None and not kept.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_bytes(gzip.compress(json.dumps(asdict(got[0])).encode(), mtime=0))
+            parts.append(got)
     return concat(parts)
 
 

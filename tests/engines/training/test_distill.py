@@ -87,8 +87,8 @@ def test_stored_tokens_come_back_with_their_features_without_generating(tmp_path
     prompts = [Prompt(f"p{i}", "s", "chat", "x", "") for i in range(4)]
     made: list[int] = []
 
-    def make(chunk: list[Prompt], n: int) -> tuple[DistillSet, Features]:
-        made.append(n)
+    def make(chunk: list[Prompt], domain: str, start: int) -> tuple[DistillSet, Features]:
+        made.append(start)
         idx = [int(p.id[1:]) for p in chunk]
         resp, feats = responses(target, [seqs[i] for i in idx], 5, set(), batch_size=2, capture=[1], bf16=False)
         data = DistillSet(ids=[p.id for p in chunk], domains=["chat"] * len(chunk),
@@ -101,11 +101,15 @@ def test_stored_tokens_come_back_with_their_features_without_generating(tmp_path
         return forward_features(target, data, [1], bf16=False)
 
     store = tmp_path / "store"
-    first, ff = cached_chunks(tmp_path / "a" / "set", prompts, 3, make, refeature, store)
-    assert made == [0, 1] and sorted(p.name for p in store.iterdir()) == ["set-part000.json.gz", "set-part001.json.gz"]
+    first, ff = cached_chunks(tmp_path / "a" / "set", {"chat": prompts}, 3, make, refeature, store)
+    assert made == [0, 3] and sorted(p.name for p in store.iterdir()) == ["set-chat0000-0003.json.gz",
+                                                                          "set-chat0003-0004.json.gz"]
     # a fresh machine: only the stored tokens are there; nothing is generated again
-    again, fa = cached_chunks(tmp_path / "b" / "set", prompts, 3, make, refeature, store)
-    assert made == [0, 1]
+    again, fa = cached_chunks(tmp_path / "b" / "set", {"chat": prompts}, 3, make, refeature, store)
+    assert made == [0, 3]
+    # a smaller set shares its parts: nothing is generated
+    cached_chunks(tmp_path / "b" / "set", {"chat": prompts[:3]}, 3, make, refeature, store)
+    assert made == [0, 3]
     assert again.tokens == first.tokens
     torch.testing.assert_close(fa.offsets, ff.offsets)
     torch.testing.assert_close(fa.captured.float(), ff.captured.float(), atol=0.05, rtol=0.02)
