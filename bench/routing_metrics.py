@@ -37,7 +37,7 @@ from bench.routing_trace import temp_bucket
 Row = Mapping[str, Any]
 FLEET_POOLS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
 ROUTED_POOLS = ("mtp", "dfly")   # what the static and learned arms route between
-DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.policy.default_policy's choice
+DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.routing.policy.default_policy's choice
 LEARNED_ARMS = ("learned", "learned-shared", "learned-shared-least")   # the arms whose router learns
 ROUTED_ARMS = ("static", *LEARNED_ARMS)         # the arms that route
 

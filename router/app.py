@@ -13,11 +13,11 @@ from starlette.types import Receive, Scope, Send
 
 from router.api import admin, health, keys_admin, openai, series
 from router.api.completions import serve
-from router.classification import ClassifyFn
-from router.errors import install_handlers
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
-from router.metrics import Metrics
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.errors import install_handlers
+from router.observability.metrics import Metrics
+from router.routing.classification import ClassifyFn
 from router.settings import Settings
 
 VERSION = "0.1.0"

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "modes over one target (`specroute worker --engine mtp,dfly,ar`); repeatable")
     p.add_argument("--affinity-slack", type=float, metavar="ROWS",
                    help="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with hot "
-                        "ones and the rest with the rest (router/affinity.py; default 1; 0: least loaded only)")
+                        "ones and the rest with the rest (router/routing/affinity.py; default 1; 0: least loaded only)")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
     p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
                                          "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from router.app import create_app
-    from router.http_guard import uvicorn_options
+    from router.http.guard import uvicorn_options
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag in ("admin_token", "api_key"):

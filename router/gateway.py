@@ -2,8 +2,8 @@
 and starts and stops their background tasks.
 
 Created by the app factory and kept on `app.state.gateway`; there is no module-level state. The
-request path reads the snapshot (an immutable object swapped by background tasks, router/snapshot.py)
-and never awaits Redis. Failures are domain errors (router/store.py, router/upstream.py); the API
+request path reads the snapshot (an immutable object swapped by background tasks, router/state/snapshot.py)
+and never awaits Redis. Failures are domain errors (router/state/store.py, router/workers/upstream.py); the API
 layer maps them to HTTP.
 """
 
@@ -18,23 +18,25 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from router.access_log import AccessLog
-from router.classification import Classification, Classifier, ClassifyFn
-from router.fallbacks import policy_fallback
-from router.gateway_feedback import GatewayFeedback
-from router.key_store import KeyManager
-from router.metrics import Metrics
-from router.policy import Decision, Policy, PoolState, decide, default_policy, fallback_order
-from router.pools import PoolManager
+from router.keys.store import KeyManager
+from router.observability.access_log import AccessLog
+from router.observability.metrics import Metrics
+from router.observability.timeseries import SeriesSampler
+from router.observability.tracing import make_tracing
+from router.observability.views import pools_view, stats_view
 from router.readiness import Readiness, assess
+from router.routing.classification import Classification, Classifier, ClassifyFn
+from router.routing.decide import Decision, decide
+from router.routing.estimate import PoolState
+from router.routing.fallbacks import policy_fallback
+from router.routing.policy import Policy, default_policy, fallback_order
 from router.settings import Settings
-from router.snapshot import Snapshot, SnapshotSync
-from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
+from router.state.feedback import GatewayFeedback
+from router.state.snapshot import Snapshot, SnapshotSync
+from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
-from router.timeseries import SeriesSampler
-from router.tracing import make_tracing
-from router.upstream import Dispatcher, Upstream
-from router.views import pools_view, stats_view
+from router.workers.pools import PoolManager
+from router.workers.upstream import Dispatcher, Upstream
 from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import FeedbackRecord
 from specroute.v1 import engine_pb2

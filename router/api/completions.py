@@ -9,7 +9,7 @@ by the pure functions of router/api/openai_wire.py; a non-streaming request asks
 `coalesce` its chunks.
 
 Per-request hooks live here, not in middleware (which these paths skip): `serve` fills an `Outcome`
-as the request goes and writes the access log line (router/access_log.py) once the response is out.
+as the request goes and writes the access log line (router/observability/access_log.py) once the response is out.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from router.access_log import Outcome
 from router.api.common import authenticate, parse_json
 from router.api.openai_wire import (
     SSE_HEADERS,
@@ -42,7 +41,9 @@ from router.api.openai_wire import (
     spec_object,
     sse,
 )
-from router.asgi import (
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.gateway import Gateway
+from router.http.asgi import (
     JSON_CONTENT_TYPE,
     ClientDisconnected,
     Cork,
@@ -54,13 +55,12 @@ from router.asgi import (
     read_body,
     send_response,
 )
-from router.errors import APIError, from_grpc, from_upstream, validation_error
-from router.gateway import Gateway
-from router.policy import Decision
-from router.request_id import request_id
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from router.tracing import RequestTrace
-from router.upstream import Upstream, UpstreamError
+from router.http.errors import APIError, from_grpc, from_upstream, validation_error
+from router.http.request_id import request_id
+from router.observability.access_log import Outcome
+from router.observability.tracing import RequestTrace
+from router.routing.decide import Decision
+from router.workers.upstream import Upstream, UpstreamError
 from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
 from specroute.v1 import engine_pb2
 

@@ -16,8 +16,8 @@ from fastapi.responses import Response
 from router.api.common import check_api_key, gateway_of, json_response
 from router.api.completions import ASGIEndpoint
 from router.api.openai_wire import Kind
-from router.errors import APIError
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.errors import APIError
 
 __all__ = ["ASGIEndpoint", "FAST_PATHS", "router"]
 

@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import orjson
 
-from router.asgi import Headers
-from router.errors import APIError
-from router.policy import Decision
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.asgi import Headers
+from router.http.errors import APIError
+from router.routing.decide import Decision
 from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.feedback import FeedbackRecord
 from specroute.contracts.limits import text_bytes

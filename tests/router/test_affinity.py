@@ -1,4 +1,4 @@
-"""Batch affinity (router/affinity.py): the pure choice, and the dispatcher keeping each worker's
+"""Batch affinity (router/routing/affinity.py): the pure choice, and the dispatcher keeping each worker's
 in-flight rows by kind over real gRPC streams to two test-double workers."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 import pytest
 
 from router import affinity
-from router.affinity import COOL, HOT, Candidate, choose
-from router.metrics import Metrics
-from router.pools import PoolManager
-from router.upstream import Dispatcher, Upstream
+from router.observability.metrics import Metrics
+from router.routing.affinity import COOL, HOT, Candidate, choose
+from router.workers.pools import PoolManager
+from router.workers.upstream import Dispatcher, Upstream
 from specroute.v1 import engine_pb2
 from tests.router.conftest import engines
 from tests.router.fake_engine import FakeConfig

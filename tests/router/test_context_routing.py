@@ -12,9 +12,10 @@ import pytest
 import redis
 
 from router.api.openai_wire import context_of, feedback_record, generate_request
-from router.policy import Decision
-from router.pools import Endpoint, speculation
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.routing.decide import Decision
+from router.workers.endpoint import Endpoint
+from router.workers.pools import speculation
 from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import CONTEXT_INDEX, context_stats_key, global_stats_key
 from specroute.v1 import engine_pb2

@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from router.api import openai_wire as wire
-from router.errors import APIError, from_store, from_upstream
-from router.policy import Decision
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from router.store import StoreNotConfigured, StoreUnavailable, VersionConflict
-from router.upstream import DeadlineExceeded, NoWorker, WorkerRejected
-from router.views import routing_shares
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.errors import APIError, from_store, from_upstream
+from router.observability.views import routing_shares
+from router.routing.decide import Decision
+from router.state.store import StoreNotConfigured, StoreUnavailable, VersionConflict
+from router.workers.upstream import DeadlineExceeded, NoWorker, WorkerRejected
 from specroute.v1 import engine_pb2
 
 D = Decision("mtp", "chat", "default")

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.estimate import Learning, PoolState, goodput, shrink
-from router.policy import Policy, decide, default_policy
+from router.routing.decide import decide
+from router.routing.estimate import Learning, PoolState, goodput, shrink
+from router.routing.policy import Policy, default_policy
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext
 from specroute.contracts.feedback import CellStats
 

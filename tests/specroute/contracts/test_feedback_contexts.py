@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from router.context_stats import pull_context_cells
+from router.state.stats import pull_context_cells
 from specroute.contracts.context import GLOBAL_LEVEL
 from specroute.contracts.feedback import (
     CONTEXT_INDEX,

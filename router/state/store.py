@@ -9,7 +9,7 @@ Writes are compare-and-set in one Lua script (version check, SET, history append
 two admins racing cannot both win: the loser gets `VersionConflict` (HTTP 412).
 
 The store's failures are domain errors (`StoreError` and its subclasses); the API layer
-(router/errors.py) turns them into HTTP responses.
+(router/http/errors.py) turns them into HTTP responses.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from router.policy import Policy, diff_policies
+from router.routing.policy import Policy, diff_policies
 from specroute.contracts.feedback import POLICY_KEY, PREFIX, CellStats, stats_key
 
 VERSIONS_KEY = PREFIX + "policy:versions"

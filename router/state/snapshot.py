@@ -3,10 +3,10 @@
 The request path only reads `SnapshotSync.snapshot` (an immutable object swapped whole) and never
 awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`refresh`, every
 `stats_interval_s`: the per domain x pool cells, then the global and recent context cells,
-router/context_stats.py), and a pub/sub listener that applies a new policy the moment
+router/state/stats.py), and a pub/sub listener that applies a new policy the moment
 any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
 Pulls of the last `drift_window_s` seconds (at most `HISTORY_PULLS`) are kept for change detection
-(router/drift.py): a cell whose recent evidence disagrees with its past is learned from on what came
+(router/routing/drift.py): a cell whose recent evidence disagrees with its past is learned from on what came
 since the change.
 """
 
@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from router.context_stats import pull_context_cells
-from router.drift import Baselines, adjust
-from router.metrics import Metrics
-from router.policy import Policy
-from router.pools import PoolManager
-from router.store import EVENTS_CHANNEL, PolicyStore, parse_policy
+from router.observability.metrics import Metrics
+from router.routing.drift import Baselines, adjust
+from router.routing.policy import Policy
+from router.state.stats import pull_context_cells
+from router.state.store import EVENTS_CHANNEL, PolicyStore, parse_policy
 from router.tasks import run_every
+from router.workers.pools import PoolManager
 from specroute.contracts.feedback import CellStats
 
 log = logging.getLogger("specroute.gateway")
 
 REDIS_FAILURES = (TimeoutError, RedisError, OSError)
-HISTORY_PULLS = 60   # pulls kept for change detection (router/drift.py), spread over its window
+HISTORY_PULLS = 60   # pulls kept for change detection (router/routing/drift.py), spread over its window
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class Snapshot:
     stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)  # (domain, pool), v1 cells
     fetched_at: float = 0.0  # local wall clock of the last successful pull (0 = never)
     # what the policy learns from: `stats` plus the context and global cells, (level, pool); a shifted
-    # group's cells cut to what came since its change (router/drift.py)
+    # group's cells cut to what came since its change (router/routing/drift.py)
     cells: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
     shifted: frozenset[tuple[str, str]] = frozenset()   # (domain or "*", pool) judged on evidence since a change
 

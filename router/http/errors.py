@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from router.store import StoreError, VersionConflict
-from router.upstream import NoWorker, UpstreamError, WorkerRejected
+from router.state.store import StoreError, VersionConflict
+from router.workers.upstream import NoWorker, UpstreamError, WorkerRejected
 
 _TYPES = {
     400: "invalid_request_error",

@@ -2,7 +2,7 @@
 that first chunk retry elsewhere (another endpoint of the pool, then the next pool of the policy's
 `fallback_order`).
 
-Failures are domain errors (`UpstreamError` and its subclasses); the API layer (router/errors.py)
+Failures are domain errors (`UpstreamError` and its subclasses); the API layer (router/http/errors.py)
 turns them into OpenAI error responses.
 """
 
@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 
 from router import affinity
-from router.metrics import Metrics
-from router.pools import Endpoint, PoolManager
+from router.observability.metrics import Metrics
+from router.workers.endpoint import Endpoint
+from router.workers.pools import PoolManager
 from specroute.v1 import engine_pb2
 
 # worker failures where another endpoint may succeed (only retried before the first token)
@@ -73,8 +74,8 @@ class Upstream:
     first: Any  # engine_pb2.GenerateChunk, or None when the worker sent nothing
     attempts: int
     worker_s: float = 0.0  # time spent waiting on the worker
-    trial: bool = False  # the endpoint's half-open breaker trial (router/pools.py)
-    kind: str = ""  # the request's batch-affinity kind (router/affinity.py), counted on its worker
+    trial: bool = False  # the endpoint's half-open breaker trial (router/workers/pools.py)
+    kind: str = ""  # the request's batch-affinity kind (router/routing/affinity.py), counted on its worker
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:

@@ -160,7 +160,7 @@ class RequestTrace:
         return _metadata(sc.trace_id, self._ids.generate_span_id(), sc.trace_flags, sc.trace_state)
 
     def end(self, out: Any, policy_version: int) -> None:
-        """End the spans (`out`: router.access_log.Outcome) with the decision as attributes."""
+        """End the spans (`out`: router.observability.access_log.Outcome) with the decision as attributes."""
         up = self._up
         if up is not None:
             if out.pool is not None:

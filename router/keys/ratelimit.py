@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from router.keys import ApiKey
-from router.metrics import Metrics
-from router.store import PolicyStore
+from router.keys.ring import ApiKey
+from router.observability.metrics import Metrics
+from router.state.store import PolicyStore
 
 log = logging.getLogger("specroute.gateway.ratelimit")
 

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from router.tasks import run_every, stop_tasks
 
 if TYPE_CHECKING:
-    from router.pools import Endpoint, PoolManager
+    from router.workers.endpoint import Endpoint
+    from router.workers.pools import PoolManager
 
 log = logging.getLogger("specroute.gateway.discovery")
 

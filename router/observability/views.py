@@ -7,9 +7,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from router.policy import PoolState
-from router.pools import Endpoint
-from router.snapshot import Snapshot
+from router.routing.estimate import PoolState
+from router.state.snapshot import Snapshot
+from router.workers.endpoint import Endpoint
 
 DecisionCounts = Mapping[tuple[str, str, str], int]  # (domain, pool, reason) -> requests
 

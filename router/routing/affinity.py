@@ -11,7 +11,7 @@ deals hot and greedy rows out to every worker alike, so every batch is mixed and
 go plain.
 
 So a request carries a kind (`kind_of`: hot, at the temperatures where drafting stops paying, or
-cool), each worker counts its in-flight rows of each kind (`router.pools.WorkerLoad`, over every pool
+cool), each worker counts its in-flight rows of each kind (`router.workers.pools.WorkerLoad`, over every pool
 it serves), and among the endpoints whose load is within `slack` rows of the least loaded, those with
 the fewest rows of another kind than the request's, and of them the least loaded, take it. `slack`
 bounds what balance is given up: 0 is plain least-loaded balancing, and so is traffic of one kind. (A

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from router.snapshot import REDIS_FAILURES
-from router.store import PolicyStore
+from router.state.snapshot import REDIS_FAILURES
+from router.state.store import PolicyStore
 from router.tasks import run_every
 
 log = logging.getLogger("specroute.gateway.timeseries")

@@ -2,7 +2,7 @@
 
 A key has a name (operator-defined, bounded: it is a metric label and an audit actor), a secret
 (kept only as its SHA-256; never returned by any endpoint), optional requests-per-minute and
-tokens-per-minute limits (router/ratelimit.py) and optional allow-lists of pools and domains.
+tokens-per-minute limits (router/keys/ratelimit.py) and optional allow-lists of pools and domains.
 
 Keys come from two places, merged by name:
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.policy import MAX_DOMAINS, MAX_POOLS
+from router.routing.policy import MAX_DOMAINS, MAX_POOLS
 
 KEYS_KEY = "specroute:keys"
 AUDIT_KEY = "specroute:audit"

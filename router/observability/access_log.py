@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import orjson
 
-from router.keys import ApiKey
+from router.keys.ring import ApiKey
 
 
 class Outcome:
@@ -41,7 +41,7 @@ class Outcome:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.api_key: ApiKey | None = None
-        self.trace: Any = None  # the request's trace (router.tracing.RequestTrace), when tracing is on
+        self.trace: Any = None  # the request's trace (router.observability.tracing.RequestTrace), when tracing is on
         self.rid = self.key = self.model = self.domain = self.pool = self.reason = None
         self.stream = False
         self.status = 0

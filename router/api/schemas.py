@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from router.errors import APIError
+from router.http.errors import APIError
 from specroute.contracts.limits import MAX_STOP_CHARS
 
 INT32_MAX = 2**31 - 1

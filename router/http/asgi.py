@@ -1,6 +1,6 @@
 """Small ASGI helpers for the request hot path (router/api/completions.py): read a bounded body, send
 a whole response, convert headers, `DisconnectGuard`, which cancels the request's task when its
-client goes away, and the connection's cork (router/http_guard.py), when the server offers one."""
+client goes away, and the connection's cork (router/http/guard.py), when the server offers one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from router.errors import APIError
+from router.http.errors import APIError
 
 Headers = list[tuple[bytes, bytes]]
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
@@ -26,7 +26,7 @@ class Cork(Protocol):
 
 
 def cork_of(scope: Scope) -> Cork | None:
-    """The connection's cork, when the server offers one (router/http_guard.py; not in tests' ASGI
+    """The connection's cork, when the server offers one (router/http/guard.py; not in tests' ASGI
     transports)."""
     ext = scope.get("extensions")
     return ext.get(CORK) if ext else None

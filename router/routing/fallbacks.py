@@ -1,10 +1,10 @@
 """Policy fallbacks as `specroute_fallbacks_total{from,to,reason}`: when `decide` answers `fallback`
 (or `no_healthy_pool`) because the pool the policy wanted is drained or down, the outage must show on
-the same counter as the dispatcher's retries (router/upstream.py), or the Grafana panel stays flat
+the same counter as the dispatcher's retries (router/workers/upstream.py), or the Grafana panel stays flat
 while a whole pool is gone.
 
 `intended_pool` names the pool the policy would have chosen (pin, safe pool of an uncertain request,
-or the domain's default: the same precedence as `router.policy.decide`, without canaries, exploration
+or the domain's default: the same precedence as `router.routing.decide.decide`, without canaries, exploration
 and learning, which never pick an unavailable pool); pure, no I/O.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from router.policy import UNKNOWN_DOMAIN, WILDCARD, Decision, Policy, PoolState
+from router.routing.decide import Decision
+from router.routing.estimate import PoolState
+from router.routing.policy import UNKNOWN_DOMAIN, WILDCARD, Policy
 
 FALLBACK_REASONS = frozenset({"fallback", "no_healthy_pool"})
 

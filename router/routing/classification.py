@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from router.metrics import Metrics
-from router.policy import UNKNOWN_DOMAIN
+from router.observability.metrics import Metrics
+from router.routing.policy import UNKNOWN_DOMAIN
 
 log = logging.getLogger("specroute.gateway")
 

@@ -79,7 +79,7 @@ class Learning(BaseModel):
                                         description="tokens per forward where a step turns compute-bound, for pools whose "
                                                     "workers do not report their own measurement")
     drift_window_s: float = Field(default=60.0, ge=0.0, le=600.0,
-                                  description="change detection (router/drift.py): how far back the newest evidence "
+                                  description="change detection (router/routing/drift.py): how far back the newest evidence "
                                               "may reach when it is compared with the older; 0 turns it off")
     drift_ratio: float = Field(default=1.5, gt=1.0, le=100.0,
                                description="tokens per step of recent and older evidence this far apart mark a change")

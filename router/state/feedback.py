@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from router.snapshot import REDIS_FAILURES
-from router.store import PolicyStore
+from router.state.snapshot import REDIS_FAILURES
+from router.state.store import PolicyStore
 from specroute.contracts.feedback import FeedbackRecord, make_recorder
 
 

@@ -17,7 +17,7 @@ busy the cell (a busy cell looks back a second, a quiet one up to the whole wind
 factor of `drift_ratio` or more. From then on the cell is judged on what arrived since that pull
 alone, and so are the context cells of the same domain and pool: their older evidence predates the
 change too, and with little recent evidence of their own they back off to the shifted domain figure
-(router/estimate.py). The mark stays while the policy moves traffic away (the evidence since the
+(router/routing/estimate.py). The mark stays while the policy moves traffic away (the evidence since the
 change decays, it does not vanish with the window) and is lifted when the pre-change evidence has
 decayed below `drift_min_requests` requests, or when it agrees (tokens per step within
 `drift_ratio`) with everything since the change or with the newest evidence (a drafter restored, a
@@ -25,7 +25,7 @@ load surge over). The global level is tested for itself only, since a change in 
 moves it without anything being wrong with the pool. Learning counts requests, not tokens, as
 evidence (`evidence_per_request`), so this does too.
 
-Pure: no I/O, no clock; the gateway's snapshot (router/snapshot.py) supplies the pulls.
+Pure: no I/O, no clock; the gateway's snapshot (router/state/snapshot.py) supplies the pulls.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.estimate import Learning
+from router.routing.estimate import Learning
 from specroute.contracts.context import GLOBAL_LEVEL
 from specroute.contracts.feedback import STAT_FIELDS, CellStats
 

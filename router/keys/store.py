@@ -1,8 +1,8 @@
-"""The gateway's keys at run time: the `KeyRing` the request path reads (router/keys.py), kept in
+"""The gateway's keys at run time: the `KeyRing` the request path reads (router/keys/ring.py), kept in
 step with Redis (`specroute:keys`) by a background pull every `interval_s`, and the admin writes
 (put, delete), each recorded in the audit log (`specroute:audit`, newest last, capped) in the same
 transaction. The request path never awaits Redis for a key; only the rate limiter
-(router/ratelimit.py) does, for keys that have a limit.
+(router/keys/ratelimit.py) does, for keys that have a limit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from router.keys import (
+from router.keys.ratelimit import FAILURES, RateLimiter
+from router.keys.ring import (
     AUDIT_KEY,
     EMPTY,
     KEYS_KEY,
@@ -27,9 +28,8 @@ from router.keys import (
     build_ring,
     secret_hash,
 )
-from router.metrics import Metrics
-from router.ratelimit import FAILURES, RateLimiter
-from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
+from router.observability.metrics import Metrics
+from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import run_every
 
 log = logging.getLogger("specroute.gateway.keys")

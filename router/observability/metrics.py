@@ -1,7 +1,7 @@
 """Gateway Prometheus metrics (names fixed by ARCHITECTURE.md), on a per-app registry.
 
 Labels are bounded: domain (classifier labels + unknown), pool (configured pools), status (HTTP
-class), reason (router.policy.REASONS). No per-user or per-request labels.
+class), reason (router.routing.policy.REASONS). No per-user or per-request labels.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Metrics:
             "specroute_snapshot_age_seconds", "Age of the statistics snapshot", registry=r
         )
 
-        # named API keys (router/keys.py): key names are operator-defined and bounded (router.keys.MAX_KEYS)
+        # named API keys (router/keys/ring.py): key names are operator-defined and bounded (router.keys.ring.MAX_KEYS)
         self.key_requests = Counter(
             "specroute_key_requests_total", "Finished completion requests per API key", ["key", "status"], registry=r
         )

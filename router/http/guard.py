@@ -24,8 +24,8 @@ from typing import Any, cast
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from router.asgi import CORK
-from router.errors import RETRY_AFTER_S, APIError
+from router.http.asgi import CORK
+from router.http.errors import RETRY_AFTER_S, APIError
 from router.settings import Settings
 
 
