@@ -33,9 +33,9 @@ class GatewayApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            kind = openai.FAST_PATHS.get(scope["path"])
-            if kind is not None:
-                await serve(self.gateway, kind, scope, receive, send)
+            api = openai.FAST_PATHS.get(scope["path"])
+            if api is not None:
+                await serve(self.gateway, api, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 

@@ -31,7 +31,6 @@ from router.routing.estimate import PoolState
 from router.routing.fallbacks import policy_fallback
 from router.routing.policy import Policy, default_policy, fallback_order
 from router.settings import Settings
-from router.state.feedback import GatewayFeedback
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
@@ -39,6 +38,7 @@ from router.workers.pools import PoolManager
 from router.workers.upstream import Dispatcher, Upstream
 from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import FeedbackRecord
+from specroute.feedback_writer import FeedbackWriter
 from specroute.v1 import engine_pb2
 
 __all__ = ["ClassifyFn", "Gateway", "Snapshot"]
@@ -78,7 +78,7 @@ class Gateway:
         self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
                                settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
-        self._feedback: GatewayFeedback | None = None
+        self._feedback: FeedbackWriter | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
                                     self._mal_cells, self.sync.redis_error)
         self.tracing = make_tracing(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
@@ -95,7 +95,7 @@ class Gateway:
         self._tasks += await self.keys.start()
         self._tasks += self.series.start()
         if self.store is not None and self.settings.gateway_feedback:
-            self._feedback = GatewayFeedback(self.store, self.sync.redis_error)
+            self._feedback = FeedbackWriter(self.store.client, on_error=self._feedback_lost)
             self._tasks.append(self._feedback.start())
         self.metrics.policy_version.set(self.snapshot.policy.version)
 
@@ -103,8 +103,6 @@ class Gateway:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
         self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
-        if self._feedback is not None:
-            self._feedback.closing = True
         try:
             await stop_tasks(self._tasks)
             self._tasks.clear()
@@ -200,14 +198,19 @@ class Gateway:
                 self.metrics.fallbacks_by(*labels).inc()
         return d
 
-    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float,
-                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
-        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`);
-        `allowed` (an API key's pools, empty: all) limits the retries."""
+    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, *, deadline: float, batch: str = "",
+                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None,
+                   unary: bool = False) -> Upstream:
+        """The worker call for `decision`, along the policy's fallback order (raises `UpstreamError`);
+        `allowed` (an API key's pools, empty: all) limits the retries; `unary`: the whole answer at once."""
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        return await self.dispatcher.open(order, req, deadline, metadata)
+        return await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+
+    def _feedback_lost(self, exc: BaseException | None) -> None:
+        if exc is not None:
+            self.sync.redis_error(exc)
 
     def feedback(self, rec: FeedbackRecord) -> None:
         if self._feedback is not None:

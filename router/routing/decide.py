@@ -35,8 +35,8 @@ pool is a candidate like any other) and how much its D-Cut drafts now:
 
 with `k` the draft length per step (after D-Cut; 0 for `ar`), `alpha` the acceptance rate (sampled
 from a Beta posterior built from decayed counts), `step_ms` the observed decode time per step and
-`b` the requests running per endpoint. The decision carries the context key, which the gateway
-sends to the worker for its feedback record.
+`b` the requests running per endpoint. The decision carries the request's context (its key goes to
+the worker for the feedback record).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Decision:
     domain: str
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
-    context: str = ""  # the request context key the statistics are learned under ("" = none)
+    # the request's context, its domain filled in when known (its `key` is "" without one)
+    context: RequestContext = RequestContext()
 
 
 # (level, pool) -> decayed stats; a level is a domain, a context key or "*" (specroute/contracts/context.py)
@@ -87,11 +88,11 @@ def decide(
     domain = top_domain(probabilities)
     drained = set(policy.drained)
     learning = policy.learning
-    ctx = context.with_domain(domain) if context is not None and domain != UNKNOWN_DOMAIN else None
-    ctx_key = ctx.key if ctx is not None else ""
+    base = context if context is not None else RequestContext()
+    ctx = base.with_domain(domain) if context is not None and domain != UNKNOWN_DOMAIN else None
 
     def out(pool: str | None, reason: str, scores: dict[str, float] | None = None) -> Decision:
-        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx_key)
+        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx if ctx is not None else base)
 
     def available(p: str) -> bool:
         st = pools.get(p)

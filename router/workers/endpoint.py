@@ -39,11 +39,11 @@ class WorkerLoad:
     workers (one multi-mode worker serving the `mtp` and `dfly` pools), and balancing each pool on its
     own requests alone would stack one pool's rows on the worker that is busy with another's."""
 
-    __slots__ = ("inflight", "kinds")
+    __slots__ = ("inflight", "batches")
 
     def __init__(self) -> None:
         self.inflight = 0
-        self.kinds: Counter[str] = Counter()   # in flight by request kind (router/routing/affinity.py)
+        self.batches: Counter[str] = Counter()   # in flight by batch kind (router/routing/affinity.py)
 
 
 class Endpoint:
@@ -62,6 +62,7 @@ class Endpoint:
         self.load: engine_pb2.LoadResponse | None = None
         self.inflight = 0
         self.breaker = Breaker(breaker_failures, breaker_cooldown_s)
+        self.unary = True   # the worker answers `Complete` (False once it said UNIMPLEMENTED)
         self.info_interval_s = info_interval_s
         self.info_at = 0.0  # monotonic time of the last `Info`
         self.last_error = ""
@@ -110,18 +111,18 @@ class Endpoint:
     def failures(self) -> int:
         return self.breaker.failures
 
-    def acquire(self, kind: str = "") -> bool:
-        """A request (of affinity `kind`) starts here; returns whether it is the half-open breaker's trial."""
+    def acquire(self, batch: str = "") -> bool:
+        """A request (of batch kind `batch`) starts here; returns whether it is the half-open breaker's trial."""
         self.inflight += 1
         self.worker.inflight += 1
-        self.worker.kinds[kind] += 1
+        self.worker.batches[batch] += 1
         return self.breaker.acquire()
 
-    def release(self, trial: bool, kind: str = "") -> None:
+    def release(self, trial: bool, batch: str = "") -> None:
         """The request started by `acquire` is over (its outcome recorded, or none: e.g. cancelled)."""
         self.inflight -= 1
         self.worker.inflight -= 1
-        self.worker.kinds[kind] -= 1
+        self.worker.batches[batch] -= 1
         self.breaker.release(trial)
 
     def record_success(self) -> None:

@@ -129,14 +129,14 @@ class PoolManager:
                                   endpoints=n, speculative=spec, draft_now=draft_now, compute_bound_tokens=bound)
         return out
 
-    def pick(self, pool: str, exclude: set[Endpoint] | None = None, kind: str = "") -> Endpoint | None:
-        """The available endpoint of `pool` for a request of affinity `kind`: the least loaded, or within
+    def pick(self, pool: str, exclude: set[Endpoint] | None = None, batch: str = "") -> Endpoint | None:
+        """The available endpoint of `pool` for a request of batch kind `batch`: the least loaded, or within
         `affinity_slack` rows of it the one whose worker runs fewest rows of another kind
         (router/routing/affinity.py); random among ties."""
         now = time.monotonic()
         eps = [e for e in self.pools.get(pool, ()) if not (exclude and e in exclude) and e.available(now)]
-        cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.kinds[kind], e.worker.inflight) for e in eps]
-        best = [eps[i] for i in choose(cands, self.affinity_slack if kind else 0.0)]
+        cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.batches[batch], e.worker.inflight) for e in eps]
+        best = [eps[i] for i in choose(cands, self.affinity_slack if batch else 0.0)]
         if not best:
             return None
         return best[0] if len(best) == 1 else self.rng.choice(best)

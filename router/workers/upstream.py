@@ -1,6 +1,7 @@
-"""Opening a worker stream: pick an endpoint, start `Generate`, wait for its first chunk, and before
-that first chunk retry elsewhere (another endpoint of the pool, then the next pool of the policy's
-`fallback_order`).
+"""Opening a worker call: pick an endpoint, start `Generate` and wait for its first chunk (or call the
+unary `Complete` and wait for the whole answer), and before that retry elsewhere (another endpoint of
+the pool, then the next pool of the policy's `fallback_order`). A worker without `Complete`
+(UNIMPLEMENTED) is asked with `Generate` instead, at once and from then on.
 
 Failures are domain errors (`UpstreamError` and its subclasses); the API layer (router/http/errors.py)
 turns them into OpenAI error responses.
@@ -15,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from router import affinity
 from router.observability.metrics import Metrics
 from router.workers.endpoint import Endpoint
 from router.workers.pools import PoolManager
@@ -66,7 +66,8 @@ def record_rpc_failure(endpoint: Endpoint, exc: grpc.aio.AioRpcError) -> None:
 
 @dataclass(slots=True)
 class Upstream:
-    """An open worker stream whose first chunk has arrived (so it is past the retry window)."""
+    """An open worker call whose first chunk has arrived (so it is past the retry window); a unary
+    call's one chunk is the whole answer (`call` None)."""
 
     endpoint: Endpoint
     pool: str
@@ -74,8 +75,9 @@ class Upstream:
     first: Any  # engine_pb2.GenerateChunk, or None when the worker sent nothing
     attempts: int
     worker_s: float = 0.0  # time spent waiting on the worker
-    trial: bool = False  # the endpoint's half-open breaker trial (router/workers/pools.py)
-    kind: str = ""  # the request's batch-affinity kind (router/routing/affinity.py), counted on its worker
+    ttft_s: float = 0.0  # time to first token (the worker's, for a unary call)
+    trial: bool = False  # the endpoint's half-open breaker trial (router/workers/breaker.py)
+    batch: str = ""  # the request's batch kind (router/routing/affinity.py), counted on its worker
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:
@@ -101,6 +103,8 @@ class Upstream:
         """After the final chunk (the one with `finish_reason`): wait for the call's status instead of
         reading the end of the stream (one gRPC operation less); a failed status raises the call's
         `AioRpcError`, as that read would have."""
+        if self.call is None:
+            return
         t = time.perf_counter()
         try:
             if await self.call.code() != grpc.StatusCode.OK:
@@ -115,10 +119,10 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
-        self.endpoint.release(self.trial, self.kind)
+        self.endpoint.release(self.trial, self.batch)
         if ok:
             self.endpoint.record_success()
-        elif not self.call.done():
+        elif self.call is not None and not self.call.done():
             self.call.cancel()
 
 
@@ -128,19 +132,20 @@ class Dispatcher:
         self.metrics = metrics
         self.max_attempts = max_attempts
 
-    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float,
-                   metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
-        """Start the worker call and wait for its first chunk, trying the pools of `order` (the
-        decision's pool first) and at most `max_attempts` endpoints in all (`metadata`: gRPC metadata
-        of every try, e.g. the trace context)."""
+    async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float, *,
+                   batch: str = "", metadata: tuple[tuple[str, str], ...] | None = None,
+                   unary: bool = False) -> Upstream:
+        """Start the worker call and wait for its first chunk (`unary`: its whole answer), trying the
+        pools of `order` (the decision's pool first) and at most `max_attempts` endpoints in all
+        (`batch`: the request's batch kind; `metadata`: gRPC metadata of every try, e.g. the trace
+        context)."""
         tried: set[Endpoint] = set()
-        kind = affinity.kind_of(req.sampling.temperature)
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
         chosen = prev_pool = order[0] if order else None
         for pool in order:
             while attempts < self.max_attempts:
-                ep = self.pools.pick(pool, tried, kind)
+                ep = self.pools.pick(pool, tried, batch)
                 if ep is None:
                     break
                 remaining = deadline - time.monotonic()
@@ -153,26 +158,43 @@ class Dispatcher:
                 tried.add(ep)
                 req.pool = pool
                 req.mode = ep.mode
-                call = ep.stub.Generate(req, timeout=remaining, metadata=metadata)
-                trial = ep.acquire(kind)
+                trial = ep.acquire(batch)
                 t = time.perf_counter()
                 try:
-                    first = await call.read()
+                    up = await _first(ep, req, remaining, metadata, unary and ep.unary)
                 except grpc.aio.AioRpcError as exc:
-                    ep.release(trial, kind)
+                    ep.release(trial, batch)
                     record_rpc_failure(ep, exc)
                     if exc.code() not in RETRYABLE:
                         raise WorkerRejected(exc.code(), exc.details()) from exc
                     last, prev_pool = exc, pool
                     continue
                 except BaseException:
-                    ep.release(trial, kind)
-                    call.cancel()
+                    ep.release(trial, batch)
                     raise
-                up = Upstream(ep, pool, call, None if first is grpc.aio.EOF else first, attempts, trial=trial,
-                              kind=kind)
+                up.pool, up.attempts, up.trial, up.batch = pool, attempts, trial, batch
                 up.worker_s = time.perf_counter() - t
+                up.ttft_s = up.first.ttft_ms / 1000.0 if up.call is None and up.first is not None else up.worker_s
                 return up
         if last is not None:
             raise NoWorker(last.code(), last.details())
         raise NoWorker()
+
+
+async def _first(ep: Endpoint, req: engine_pb2.GenerateRequest, timeout: float,
+                 metadata: tuple[tuple[str, str], ...] | None, unary: bool) -> Upstream:
+    """One try on `ep`: the unary answer, or the stream with its first chunk read."""
+    if unary:
+        try:
+            return Upstream(ep, "", None, await ep.stub.Complete(req, timeout=timeout, metadata=metadata), 0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            ep.unary = False   # a worker from before `Complete`: stream from now on
+    call = ep.stub.Generate(req, timeout=timeout, metadata=metadata)
+    try:
+        first = await call.read()
+    except BaseException:
+        call.cancel()
+        raise
+    return Upstream(ep, "", call, None if first is grpc.aio.EOF else first, 0)

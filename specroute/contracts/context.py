@@ -35,6 +35,7 @@ SCRIPTS: tuple[str, ...] = ("latin", "cjk", "cyrillic", "arabic", "other")
 TEMPERATURES: tuple[str, ...] = ("0", "low", "high")
 LENGTHS: tuple[str, ...] = ("short", "medium", "long")
 
+DEFAULT_TEMPERATURE = 1.0   # OpenAI's, when a request names none
 GREEDY_BELOW = 1e-3
 LOW_TEMPERATURE_MAX = 0.8
 SHORT_BYTES = 1024
@@ -42,6 +43,8 @@ MEDIUM_BYTES = 8192
 SCRIPT_SAMPLE_CHARS = 512
 CJK_WEIGHT = 3
 MAX_CONTEXT_CHARS = 128
+
+HOT, COOL = "hot", "cool"
 
 _DOMAIN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -93,7 +96,8 @@ def script_of_texts(texts: Sequence[str]) -> str:
 
 
 def temperature_bucket(temperature: float | None) -> str:
-    t = 1.0 if temperature is None else float(temperature)
+    """The one rule: `0` below `GREEDY_BELOW`, `low` up to `LOW_TEMPERATURE_MAX`, else `high`."""
+    t = DEFAULT_TEMPERATURE if temperature is None else float(temperature)
     if t < GREEDY_BELOW:
         return "0"
     return "low" if t <= LOW_TEMPERATURE_MAX else "high"
@@ -116,6 +120,12 @@ class RequestContext:
 
     def with_domain(self, domain: str) -> RequestContext:
         return RequestContext(domain, self.script, self.temperature, self.length)
+
+    @property
+    def batch(self) -> str:
+        """The batch kind a worker choice groups rows by (router/routing/affinity.py): `hot` at the
+        `high` temperature bucket, where drafting rarely pays, else `cool`."""
+        return HOT if self.temperature == "high" else COOL
 
     @property
     def key(self) -> str:

@@ -109,6 +109,16 @@ class FeedbackRecord:
         }
 
 
+def build_record(*, request_id: str, pool: str, domain: str, context: str, engine: str, tokens: int,
+                 counts: tuple[int, int, int], wall_s: float, ttft_s: float) -> FeedbackRecord:
+    """The one way a record is made, by a worker or a gateway: `counts` = (drafted, accepted, steps),
+    times in seconds; an empty domain is `unknown`."""
+    drafted, accepted, steps = counts
+    return FeedbackRecord(pool=pool, domain=domain or "unknown", tokens=tokens, drafted=drafted, accepted=accepted,
+                          steps=steps, wall_ms=wall_s * 1000.0, ttft_ms=ttft_s * 1000.0, request_id=request_id,
+                          engine=engine, context=context)
+
+
 @dataclass(frozen=True, slots=True)
 class CellStats:
     """Decayed aggregates of one domain x pool cell (all sums, so ratios are decay-invariant)."""

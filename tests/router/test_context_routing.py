@@ -11,12 +11,12 @@ import httpx
 import pytest
 import redis
 
-from router.api.openai_wire import context_of, feedback_record, generate_request
+from router.api.openai_wire import gateway_record, generate_request
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.routing.decide import Decision
 from router.workers.endpoint import Endpoint
 from router.workers.pools import speculation
-from specroute.contracts.context import RequestContext
+from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.feedback import CONTEXT_INDEX, context_stats_key, global_stats_key
 from specroute.v1 import engine_pb2
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
@@ -25,14 +25,19 @@ from tests.router.fake_engine import FakeConfig
 pytestmark = [pytest.mark.timeout(120)]
 
 
+def context_of(body: ChatCompletionRequest | CompletionRequest) -> RequestContext:
+    texts = body.prompt_texts()
+    return request_context(texts, body.temperature, sum(len(t.encode()) for t in texts))
+
+
 def test_generate_request_context_round_trip() -> None:
     body = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "Решите уравнение x + 2 = 5"}], "temperature": 0})
     ctx = context_of(body)
     assert ctx == RequestContext("", "cyrillic", "0", "short")
-    req = generate_request(body, "rid", "math", ctx.with_domain("math").key)
+    req = generate_request(body, "rid", Decision("mtp", "math", "default", context=ctx.with_domain("math")))
     wire = engine_pb2.GenerateRequest.FromString(req.SerializeToString())
-    assert (wire.domain, wire.context) == ("math", "d=math|s=cyrillic|t=0|l=short")
+    assert (wire.domain, wire.context, wire.temperature_bucket) == ("math", "d=math|s=cyrillic|t=0|l=short", "0")
     # an old gateway's request (no field 11) reads as no context
     old = engine_pb2.GenerateRequest(request_id="r", domain="code")
     assert engine_pb2.GenerateRequest.FromString(old.SerializeToString()).context == ""
@@ -44,8 +49,8 @@ def test_generate_request_context_round_trip() -> None:
 def test_gateway_feedback_record_carries_the_context() -> None:
     from router.api.openai_wire import Collected
 
-    d = Decision("dfly", "code", "default", context="d=code|s=latin|t=0|l=short")
-    rec = feedback_record(d, "dfly", Collected(0.01), 0.1)
+    d = Decision("dfly", "code", "default", context=RequestContext("code", "latin", "0", "short"))
+    rec = gateway_record(d, "dfly", Collected(0.01), 0.1)
     assert rec.context == "d=code|s=latin|t=0|l=short" and rec.domain == "code"
 
 
