@@ -2,9 +2,8 @@
 
 The request path only reads `SnapshotSync.snapshot` (an immutable object swapped whole) and never
 awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`refresh`, every
-`stats_interval_s`: the per domain x pool cells, then the global and recent context cells,
-router/state/stats.py), and a pub/sub listener that applies a new policy the moment
-any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
+`stats_interval_s`: the global and recently updated level cells, router/state/stats.py), and a
+pub/sub listener that applies a new policy the moment any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
 Pulls of the last `drift_window_s` seconds (at most `HISTORY_PULLS`) are kept for change detection
 (router/routing/drift.py): a cell whose recent evidence disagrees with its past is learned from on what came
 since the change.
@@ -26,7 +25,7 @@ from redis.exceptions import RedisError
 from router.observability.metrics import Metrics
 from router.routing.drift import Baselines, adjust
 from router.routing.policy import Policy
-from router.state.stats import pull_context_cells
+from router.state.stats import domain_cells, migrate_v1, pull_cells
 from router.state.store import EVENTS_CHANNEL, PolicyStore, parse_policy
 from router.tasks import run_every
 from router.workers.pools import PoolManager
@@ -41,10 +40,10 @@ HISTORY_PULLS = 60   # pulls kept for change detection (router/routing/drift.py)
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     policy: Policy
-    stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)  # (domain, pool), v1 cells
+    stats: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)  # (domain, pool): the domain cells
     fetched_at: float = 0.0  # local wall clock of the last successful pull (0 = never)
-    # what the policy learns from: `stats` plus the context and global cells, (level, pool); a shifted
-    # group's cells cut to what came since its change (router/routing/drift.py)
+    # what the policy learns from: every pulled cell, (level, pool); a shifted group's cells cut to what
+    # came since its change (router/routing/drift.py)
     cells: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
     shifted: frozenset[tuple[str, str]] = frozenset()   # (domain or "*", pool) judged on evidence since a change
 
@@ -71,6 +70,9 @@ class SnapshotSync:
             return []
         try:
             self.apply_policy(await self.store.init(self.snapshot.policy), force=True)
+            moved = await migrate_v1(self.store.client)
+            if moved:
+                log.info("statistics: %d per-domain cells of the retired layout moved to the one schema", moved)
             await self.refresh()
         except (RedisError, OSError) as exc:
             self.redis_error(exc)
@@ -93,22 +95,18 @@ class SnapshotSync:
         self.snapshot = dataclasses.replace(self.snapshot, policy=policy)
         self.metrics.policy_version.set(policy.version)
 
-    def cells(self) -> list[tuple[str, str]]:
-        pol = self.snapshot.policy
-        pools = list(dict.fromkeys([*pol.pools, *self.pools.names]))
-        return [(d, p) for d in pol.domains for p in pools]
-
     async def refresh(self) -> None:
         """Pull policy and statistics once (about every second from the refresh loop)."""
         assert self.store is not None
-        policy, stats, now = await self.store.pull(self.cells())
+        policy = await self.store.pull()
         if policy is None:  # Redis lost its data (restart without persistence): re-seed it
             policy = await self.store.init(self.snapshot.policy)
         self.apply_policy(policy, force=True)
+        pools = list(dict.fromkeys([*self.snapshot.policy.pools, *self.pools.names]))
+        now, pulled = await pull_cells(self.store.client, pools)
         hl = self.snapshot.policy.half_life_s
-        aged = {cell: s.decayed_to(now, hl) for cell, s in stats.items()}
-        levels = await self._pull_levels()
-        cells = {**aged, **{cell: s.decayed_to(now, hl) for cell, s in levels.items()}}
+        cells = {cell: s.decayed_to(now, hl) for cell, s in pulled.items()}
+        aged = domain_cells(cells)
         learning = self.snapshot.policy.learning
         view = adjust(cells, self.history, self.baselines, now, hl, learning)
         for group in view.baselines.keys() - self.baselines.keys():
@@ -132,14 +130,6 @@ class SnapshotSync:
             self.history.popleft()   # too old, or Redis' clock went back
         if window > 0 and (not self.history or now - self.history[-1][0] >= window / HISTORY_PULLS):
             self.history.append((now, cells))
-
-    async def _pull_levels(self) -> Mapping[tuple[str, str], CellStats]:
-        """The context and global cells (none when the policy does not learn per context)."""
-        assert self.store is not None
-        if not self.snapshot.policy.learning.contexts:
-            return {}
-        pools = list(dict.fromkeys([*self.snapshot.policy.pools, *self.pools.names]))
-        return await pull_context_cells(self.store.client, pools)
 
     async def _refresh_step(self) -> None:
         try:

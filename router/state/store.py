@@ -3,7 +3,8 @@
 - `specroute:policy`: the current policy JSON (with `version`).
 - `specroute:policy:versions`: list of history entries `{version, time, actor, action, diff, policy}`.
 - `specroute:policy:events`: pub/sub channel; every write publishes the new document.
-- `specroute:stats:{domain}:{pool}`: decayed aggregates written by workers (specroute/contracts/feedback.py).
+- `specroute:stats:v2:*`: decayed aggregates written by workers (specroute/contracts/feedback.py), read by
+  router/state/stats.py.
 
 Writes are compare-and-set in one Lua script (version check, SET, history append, PUBLISH), so
 two admins racing cannot both win: the loser gets `VersionConflict` (HTTP 412).
@@ -15,7 +16,7 @@ The store's failures are domain errors (`StoreError` and its subclasses); the AP
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -24,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from router.routing.policy import Policy, diff_policies
-from specroute.contracts.feedback import POLICY_KEY, PREFIX, CellStats, stats_key
+from specroute.contracts.feedback import POLICY_KEY, PREFIX
 
 VERSIONS_KEY = PREFIX + "policy:versions"
 EVENTS_CHANNEL = PREFIX + "policy:events"
@@ -159,17 +160,6 @@ class PolicyStore:
                 return entry
         return None
 
-    async def pull(self, cells: Iterable[tuple[str, str]]) -> tuple[Policy | None, dict[tuple[str, str], CellStats], float]:
-        """One round trip: current policy, every cell's stats, and the Redis server time."""
-        cells = list(cells)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.time()
-        pipe.get(POLICY_KEY)
-        for d, p in cells:
-            pipe.hgetall(stats_key(d, p))
-        res = await pipe.execute()
-        sec, usec = res[0]
-        now = float(sec) + float(usec) / 1e6
-        policy = parse_policy(res[1])
-        stats = {cell: CellStats.from_hash(raw) for cell, raw in zip(cells, res[2:], strict=True) if raw}
-        return policy, stats, now
+    async def pull(self) -> Policy | None:
+        """The current policy document (None when Redis holds none)."""
+        return parse_policy(await self.client.get(POLICY_KEY))

@@ -4,7 +4,7 @@ A context is a few cheap buckets of one request, computed by the gateway before 
 tokenizer, no model): the classifier's domain, the writing script of the prompt, the sampling
 temperature and the prompt's size. Its key string travels to the worker in `GenerateRequest.context`
 and comes back in the feedback record, so the learned statistics are per context
-(`specroute:stats:v2:ctx:{context}:{pool}`, specroute/contracts/feedback.py).
+(`specroute:stats:v2:ctx:{level}:{pool}`, specroute/contracts/feedback.py).
 
 Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION` and key prefix):
 
@@ -19,7 +19,7 @@ Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION
 
 Key: `d=code|s=latin|t=0|l=short`. Back-off levels, most specific first (`level_keys`): the full
 context, the coarse context `d=code|t=0` (temperature is what moves acceptance most), the domain
-(`code`, the v1 per-domain cell) and `GLOBAL_LEVEL` (`*`, every request of the pool).
+(`code`) and `GLOBAL_LEVEL` (`*`, every request of the pool).
 """
 
 from __future__ import annotations
@@ -162,6 +162,11 @@ def parse_context(key: str) -> RequestContext | None:
     if not _DOMAIN.fullmatch(d) or s not in SCRIPTS or t not in TEMPERATURES or ln not in LENGTHS:
         return None
     return RequestContext(d, s, t, ln)
+
+
+def domain_level(domain: str) -> str:
+    """A record's domain as a statistics level: itself when a valid domain name, else `unknown`."""
+    return domain if _DOMAIN.fullmatch(domain or "") else "unknown"
 
 
 def level_keys(domain: str, context: RequestContext | None) -> tuple[str, ...]:

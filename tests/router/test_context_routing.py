@@ -16,8 +16,8 @@ from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.routing.decide import Decision
 from router.workers.endpoint import Endpoint
 from router.workers.pools import speculation
-from specroute.contracts.context import RequestContext, request_context
-from specroute.contracts.feedback import CONTEXT_INDEX, context_stats_key, global_stats_key
+from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, request_context
+from specroute.contracts.feedback import CONTEXT_INDEX, stats_key
 from specroute.v1 import engine_pb2
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
@@ -171,10 +171,10 @@ async def test_code_at_t0_and_t1_learn_different_pools(redis_url: str) -> None:
         sent = es[1].servicer.requests[-1]
         assert (sent.domain, sent.context) == ("code", "d=code|s=latin|t=high|l=short")
         r = redis.Redis.from_url(redis_url)
-        assert float(r.hget(context_stats_key("d=code|t=high", "dfly"), "n") or 0) >= 19
-        assert float(r.hget(global_stats_key("ar"), "n") or 0) >= 19
+        assert float(r.hget(stats_key("d=code|t=high", "dfly"), "n") or 0) >= 19
+        assert float(r.hget(stats_key(GLOBAL_LEVEL, "ar"), "n") or 0) >= 19
         assert r.zscore(CONTEXT_INDEX, "d=code|s=latin|t=0|l=short:dfly") is not None
-        assert float(r.hget("specroute:stats:code:dfly", "n") or 0) >= 39
+        assert float(r.hget(stats_key("code", "dfly"), "n") or 0) >= 39
         snap = gw.snapshot
         assert ("d=code|t=high", "dfly") in snap.cells and ("code", "dfly") in snap.stats
         assert not any("|" in d for d, _ in snap.stats)  # the dashboard's cells stay per domain
