@@ -51,8 +51,6 @@ from pydantic import (
 
 from specroute.contracts.feedback import CellStats
 
-# engine kinds (InfoResponse.engine) that never draft: their pools are plain autoregressive decoding
-NON_SPECULATIVE_ENGINES = frozenset({"ar"})
 # knobs added with the v2 statistics and since: left out of the stored document while at their defaults,
 # so a gateway that does not know them (the document forbids unknown fields) still reads a new one
 V2_LEARNING_FIELDS = ("contexts", "backoff_weight", "compute_bound_tokens", "warmup_exploration",

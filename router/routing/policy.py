@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.routing.estimate import Learning
+from specroute.pools import preferred
 
 DOMAINS: tuple[str, ...] = ("chat", "code", "math")
 UNKNOWN_DOMAIN = "unknown"
@@ -132,16 +133,13 @@ class Policy(BaseModel):
 
 
 def default_policy(pool_names: Sequence[str]) -> Policy:
-    """Chat -> mtp, code and math -> dfly, safe pool mtp (or the first pool when those are absent)."""
+    """Each domain to the best-ranked pool kind configured here (specroute/pools.py: chat -> mtp, code
+    and math -> dfly), the safe pool chat's (else the first pool)."""
     names = list(dict.fromkeys(pool_names)) or ["default"]
-
-    def pick(*prefs: str) -> str:
-        return next((p for p in prefs if p in names), names[0])
-
-    chat, spec = pick("mtp"), pick("dfly", "dflash", "mtp")
+    chat = preferred("chat", names) or names[0]
     return Policy(
         pools=names,
-        defaults={"chat": chat, "code": spec, "math": spec},
+        defaults={d: preferred(d, names) or chat for d in DOMAINS},
         safe_pool=chat,
         uncertainty_threshold=0.6,
         fallback_order=[chat] + [p for p in names if p != chat],

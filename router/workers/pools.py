@@ -16,19 +16,23 @@ import time
 from collections.abc import Iterable, Mapping
 
 from router.routing.affinity import Candidate, choose
-from router.routing.estimate import NON_SPECULATIVE_ENGINES, PoolState
+from router.routing.estimate import PoolState
 from router.tasks import run_every, stop_tasks
 from router.workers.discovery import DnsDiscovery, Resolver
 from router.workers.endpoint import Endpoint, WorkerLoad
+from specroute.pools import non_speculative
 
 log = logging.getLogger("specroute.gateway.pools")
 
 
-def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None, float | None]:
+def speculation(eps: Iterable[Endpoint], now: float, plain: frozenset[str] | None = None
+                ) -> tuple[bool, float | None, float | None]:
     """Whether a pool speculates (False only when every available endpoint runs an engine kind that
     never drafts, e.g. `ar`), the drafts per step its D-Cut keeps now (kept ratio x block size,
     averaged over the endpoints with D-Cut on; None when none has it on), and the tokens per forward
-    where its steps turn compute-bound (mean over the endpoints that measured it; None if none did)."""
+    where its steps turn compute-bound (mean over the endpoints that measured it; None if none did).
+    `plain`: the engine kinds that never draft (specroute/pools.py `non_speculative`)."""
+    plain = non_speculative() if plain is None else plain
     seen = spec = False
     kept: list[float] = []
     bound: list[float] = []
@@ -37,7 +41,7 @@ def speculation(eps: Iterable[Endpoint], now: float) -> tuple[bool, float | None
             continue
         seen = True
         info, load = e.info, e.load
-        spec = spec or info is None or e.engine not in NON_SPECULATIVE_ENGINES
+        spec = spec or info is None or e.engine not in plain
         if info is not None and info.compute_bound_tokens > 0:
             bound.append(info.compute_bound_tokens)
         if load is not None and load.dcut_enabled and e.block_size > 0:
@@ -113,6 +117,7 @@ class PoolManager:
     def states(self) -> dict[str, PoolState]:
         """Health and load per pool over its available endpoints (called on every request: one pass)."""
         now = time.monotonic()
+        plain = non_speculative()
         out: dict[str, PoolState] = {}
         for name, eps in self.pools.items():
             n = running = waiting = max_running = 0
@@ -124,7 +129,7 @@ class PoolManager:
                         running += load.running
                         waiting += load.waiting
                         max_running += load.max_running
-            spec, draft_now, bound = speculation(eps, now)
+            spec, draft_now, bound = speculation(eps, now, plain)
             out[name] = PoolState(healthy=n > 0, running=running, waiting=waiting, max_running=max_running,
                                   endpoints=n, speculative=spec, draft_now=draft_now, compute_bound_tokens=bound)
         return out
