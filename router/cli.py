@@ -8,7 +8,6 @@ given as a flag is visible to every user of the machine in `ps`.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 from typing import Any
 
@@ -110,11 +109,7 @@ def main(argv: list[str]) -> int:
     if not settings.admin_enabled:
         logging.getLogger("specroute.gateway").warning(
             "admin API disabled: set SPECROUTE_ADMIN_TOKEN (or --insecure-admin for local development)")
-    app = create_app(settings)
-    # everything imported so far lives as long as the process: keep it out of the cyclic GC's older
-    # generations, whose full collections otherwise walk it all again and again under load
-    gc.collect()
-    gc.freeze()
+    app = create_app(settings, tune_gc=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 loop="uvloop", **uvicorn_options(settings))
     return 0
