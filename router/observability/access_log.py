@@ -1,10 +1,9 @@
 """The structured access log: one JSON line per completion request.
 
 Where it is written: `/v1/chat/completions` and `/v1/completions` bypass Starlette's middleware (the
-app's fast path, router/app.py, calls `router.api.completions.serve` directly), so an access-log
-middleware would never see them. The hook lives where that handler finishes: `serve` fills one
-`Outcome` along the way (request id, key, decision, tokens) and, after the response has gone out,
-hands it to `AccessLog.write`.
+app's fast path, router/app.py, calls `router.api.completions.serve` directly), so the hook lives
+where that handler finishes: once the response has gone out, `serve` builds the `Outcome` (a view of
+what the request established: id, key, decision, tokens) and hands it to `AccessLog.write`.
 
 Each line: `ts`, `request_id`, `key` (the API key's name, or null), `kind`, `model`, `stream`,
 `domain`, `pool`, `reason`, `status`, `prompt_tokens`, `completion_tokens`, `mean_accepted_length`,
@@ -33,7 +32,7 @@ from router.keys.ring import ApiKey
 
 
 class Outcome:
-    """What the completion handler learned about one request (filled as it goes; all optional)."""
+    """The access log's (and trace's) view of one finished request (all optional)."""
 
     __slots__ = ("api_key", "trace", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
                  "prompt_tokens", "completion_tokens", "mal")
