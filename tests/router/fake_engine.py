@@ -56,6 +56,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         self.running = 0
         self.cancelled = 0
         self.completed = 0
+        self.unary_calls = 0  # `Complete` calls (answered or not)
         self._redis = aredis.Redis.from_url(cfg.redis_url) if cfg.redis_url else None
         self._record = make_recorder(self._redis) if self._redis is not None else None
 
@@ -74,6 +75,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
     async def Complete(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> engine_pb2.GenerateChunk:
         """`Generate`'s chunks merged into its final one, as the real worker answers it."""
+        self.unary_calls += 1
         if not self.cfg.unary:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
         t0, ttft, texts, n = time.perf_counter(), 0.0, [], 0
