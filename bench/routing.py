@@ -11,7 +11,7 @@ Every arm is two worker processes (bench/routing_system.py `ARMS`):
                worker narrows DFly rows or takes plain steps where its step cost model says so
     all-mtp-twin   all-MTP again on two more processes, the noise control (only when --arms names it)
     learned-shared-least  learned-shared with the gateway balancing on load alone, no batch affinity
-               (router/affinity.py): the affinity control (only when --arms names it)
+               (router/routing/affinity.py): the affinity control (only when --arms names it)
 
 Scenarios (bench/routing_trace.py `SCENARIOS`): S1 code/math heavy at T=0; S2 chat heavy, T in
 {0, 0.7, 1}; S3 drift S1 -> S2; S4 S1 traffic whose DFly drafter goes bad mid-run (SIGUSR1 to the

@@ -32,12 +32,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from bench.routing_trace import temp_bucket
+from specroute.contracts.context import temperature_bucket
+from specroute.pools import fleets, preferred, served
 
 Row = Mapping[str, Any]
-FLEET_POOLS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
-ROUTED_POOLS = ("mtp", "dfly")   # what the static and learned arms route between
-DEFAULT_POOLS = {"chat": "mtp", "code": "dfly", "math": "dfly"}   # router.policy.default_policy's choice
+FLEET_POOLS = fleets()   # single-kind fleet arm -> its pool (specroute/pools.py)
+ROUTED_POOLS = tuple(k.name for k in served())   # what the static and learned arms route between
+DEFAULT_POOLS = {d: preferred(d, list(ROUTED_POOLS)) for d in ("chat", "code", "math")}   # default_policy's choice
 LEARNED_ARMS = ("learned", "learned-shared", "learned-shared-least")   # the arms whose router learns
 ROUTED_ARMS = ("static", *LEARNED_ARMS)         # the arms that route
 
@@ -129,7 +130,7 @@ def time_series(rows: Sequence[Row], bins: int) -> dict[str, Any]:
 
 
 def traffic_class(r: Row) -> str:
-    return f"{r['domain']}|t={temp_bucket(float(r['temperature']))}"
+    return f"{r['domain']}|t={temperature_bucket(float(r['temperature']))}"
 
 
 def decode_speed(r: Row) -> float | None:

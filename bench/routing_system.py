@@ -13,7 +13,7 @@ estimate reads the shared workers' step time for every pool, so a plain row neve
 `all-mtp-twin` (not run unless `--arms` names it) is all-MTP again on two more processes: a noise
 control, its gap to all-mtp what the machine alone makes of two identical fleets. `learned-shared-least`
 (likewise) is learned-shared with its gateway balancing on load alone (`SPECROUTE_AFFINITY_SLACK=0`): its
-gap to learned-shared is what batch affinity (router/affinity.py) does. Workers of the arms
+gap to learned-shared is what batch affinity (router/routing/affinity.py) does. Workers of the arms
 not running sit idle (blocked on their queues, no CPU). Between arms and cells the statistics keys
 are deleted (`reset_stats`), and before each arm the policy keys too, so its gateway writes the
 built-in default policy; the static arm then turns learning off through the admin API.
@@ -66,7 +66,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
 )}
 # controls, run on request only: a second all-MTP fleet on its own two processes (what separates it from
 # all-mtp in a cell is the benchmark's own noise, the yardstick for the other arms' gaps), and
-# learned-shared with the gateway balancing on load alone (no batch affinity, router/affinity.py)
+# learned-shared with the gateway balancing on load alone (no batch affinity, router/routing/affinity.py)
 CONTROL_ARMS = ("all-mtp-twin", "learned-shared-least")
 DEFAULT_ARMS = tuple(a for a in ARMS if a not in CONTROL_ARMS)
 

@@ -87,11 +87,6 @@ class TraceItem:
         return d
 
 
-def temp_bucket(t: float) -> str:
-    """The gateway's temperature bucket (specroute/contracts/context.py): 0, low, high."""
-    return "0" if t < 0.001 else "low" if t <= 0.8 else "high"
-
-
 def read_prompts(root: Path, max_chars: int = MAX_PROMPT_CHARS) -> list[Prompt]:
     """Held-out prompts of `root/prompts/*.jsonl` (string prompts of at most `max_chars`), sorted by id."""
     from specroute.contracts.split import is_heldout

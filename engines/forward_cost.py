@@ -7,7 +7,7 @@ tokens a forward costs twice a one-token one. On a GPU that is hundreds of token
 it is about 15, which is why a speculative pool loses to plain decoding under load here.
 
 The worker reports the figure in `Info` (`InfoResponse.compute_bound_tokens`) and the router's
-goodput estimate (router/estimate.py) uses it for that pool's load term instead of a fleet-wide
+goodput estimate (router/routing/estimate.py) uses it for that pool's load term instead of a fleet-wide
 guess. Timing is the only I/O here; the fit is `fit_compute_bound`, a pure function.
 """
 

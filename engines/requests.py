@@ -47,6 +47,7 @@ class GenRequest:
     pool: str = ""
     context: str = ""               # the gateway's request context key, for statistics
     mode: str = ""                  # engine mode on a multi-mode worker ("": its default)
+    temperature_bucket: str = ""    # "0" | "low" | "high", as the gateway computed it (GenerateRequest)
 
 
 @dataclass

@@ -58,13 +58,18 @@ class SlotState:
     pending: dict[int, Pending] = field(default_factory=dict)   # id(drafter) -> what it has not seen
     records: dict[int, tuple[int, int]] = field(default_factory=dict)   # id(drafter) -> (steps, tokens) it drafted
     last_drafter: Drafter | None = None     # who drafted the row's proposal being verified
+    bucket: str = ""                # temperature bucket ("0", "low", "high"); "" = from `params` once
+
+    def __post_init__(self) -> None:
+        if not self.bucket:
+            self.bucket = temperature_bucket(self.params.temperature)
 
     @cached_property
     def classes(self) -> tuple[str, ...]:
         """What the row's acceptance is judged by (`engines.modes.ModeCosts`), most specific first: its mode
         with its domain and temperature bucket, its mode with its temperature bucket (what moves
         acceptance most), its mode. Read for every row every step; fixed for the request, so built once."""
-        t = temperature_bucket(self.params.temperature)
+        t = self.bucket
         head = (f"{self.mode}|d={self.domain}|t={t}",) if self.domain else ()
         return (*head, f"{self.mode}|t={t}", self.mode)
 

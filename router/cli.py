@@ -8,7 +8,6 @@ given as a flag is visible to every user of the machine in `ps`.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 from typing import Any
 
@@ -30,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "modes over one target (`specroute worker --engine mtp,dfly,ar`); repeatable")
     p.add_argument("--affinity-slack", type=float, metavar="ROWS",
                    help="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with hot "
-                        "ones and the rest with the rest (router/affinity.py; default 1; 0: least loaded only)")
+                        "ones and the rest with the rest (router/routing/affinity.py; default 1; 0: least loaded only)")
     p.add_argument("--redis-url", help="Redis for policy and statistics (default: $REDIS_URL; none = local only)")
     p.add_argument("--admin-token", help="admin bearer token(s) `token` or `name:token,...` (visible in `ps`: "
                                          "prefer $SPECROUTE_ADMIN_TOKEN or --admin-token-file)")
@@ -99,7 +98,7 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from router.app import create_app
-    from router.http_guard import uvicorn_options
+    from router.http.guard import uvicorn_options
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag in ("admin_token", "api_key"):
@@ -110,11 +109,7 @@ def main(argv: list[str]) -> int:
     if not settings.admin_enabled:
         logging.getLogger("specroute.gateway").warning(
             "admin API disabled: set SPECROUTE_ADMIN_TOKEN (or --insecure-admin for local development)")
-    app = create_app(settings)
-    # everything imported so far lives as long as the process: keep it out of the cyclic GC's older
-    # generations, whose full collections otherwise walk it all again and again under load
-    gc.collect()
-    gc.freeze()
+    app = create_app(settings, tune_gc=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 loop="uvloop", **uvicorn_options(settings))
     return 0

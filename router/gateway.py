@@ -2,8 +2,8 @@
 and starts and stops their background tasks.
 
 Created by the app factory and kept on `app.state.gateway`; there is no module-level state. The
-request path reads the snapshot (an immutable object swapped by background tasks, router/snapshot.py)
-and never awaits Redis. Failures are domain errors (router/store.py, router/upstream.py); the API
+request path reads the snapshot (an immutable object swapped by background tasks, router/state/snapshot.py)
+and never awaits Redis. Failures are domain errors (router/state/store.py, router/workers/upstream.py); the API
 layer maps them to HTTP.
 """
 
@@ -18,25 +18,27 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from router.access_log import AccessLog
-from router.classification import Classification, Classifier, ClassifyFn
-from router.fallbacks import policy_fallback
-from router.gateway_feedback import GatewayFeedback
-from router.key_store import KeyManager
-from router.metrics import Metrics
-from router.policy import Decision, Policy, PoolState, decide, default_policy, fallback_order
-from router.pools import PoolManager
+from router.keys.store import KeyManager
+from router.observability.access_log import AccessLog
+from router.observability.metrics import Metrics
+from router.observability.timeseries import SeriesSampler
+from router.observability.tracing import make_tracing
+from router.observability.views import pools_view, stats_view
 from router.readiness import Readiness, assess
+from router.routing.classification import Classification, Classifier, ClassifyFn
+from router.routing.decide import Decision, decide
+from router.routing.estimate import PoolState
+from router.routing.fallbacks import policy_fallback
+from router.routing.policy import Policy, default_policy, fallback_order
 from router.settings import Settings
-from router.snapshot import Snapshot, SnapshotSync
-from router.store import PolicyStore, StoreNotConfigured, StoreUnavailable
+from router.state.snapshot import Snapshot, SnapshotSync
+from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
-from router.timeseries import SeriesSampler
-from router.tracing import make_tracing
-from router.upstream import Dispatcher, Upstream
-from router.views import pools_view, stats_view
+from router.workers.pools import PoolManager
+from router.workers.upstream import Dispatcher, Upstream
 from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import FeedbackRecord
+from specroute.feedback_writer import FeedbackWriter
 from specroute.v1 import engine_pb2
 
 __all__ = ["ClassifyFn", "Gateway", "Snapshot"]
@@ -76,7 +78,7 @@ class Gateway:
         self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
                                settings.stats_interval_s)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
-        self._feedback: GatewayFeedback | None = None
+        self._feedback: FeedbackWriter | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
                                     self._mal_cells, self.sync.redis_error)
         self.tracing = make_tracing(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
@@ -93,7 +95,7 @@ class Gateway:
         self._tasks += await self.keys.start()
         self._tasks += self.series.start()
         if self.store is not None and self.settings.gateway_feedback:
-            self._feedback = GatewayFeedback(self.store, self.sync.redis_error)
+            self._feedback = FeedbackWriter(self.store.client, on_error=self._feedback_lost)
             self._tasks.append(self._feedback.start())
         self.metrics.policy_version.set(self.snapshot.policy.version)
 
@@ -101,8 +103,6 @@ class Gateway:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
         self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
-        if self._feedback is not None:
-            self._feedback.closing = True
         try:
             await stop_tasks(self._tasks)
             self._tasks.clear()
@@ -198,14 +198,19 @@ class Gateway:
                 self.metrics.fallbacks_by(*labels).inc()
         return d
 
-    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, deadline: float,
-                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None) -> Upstream:
-        """The worker stream for `decision`, along the policy's fallback order (raises `UpstreamError`);
-        `allowed` (an API key's pools, empty: all) limits the retries."""
+    async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, *, deadline: float, batch: str = "",
+                   allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None,
+                   unary: bool = False) -> Upstream:
+        """The worker call for `decision`, along the policy's fallback order (raises `UpstreamError`);
+        `allowed` (an API key's pools, empty: all) limits the retries; `unary`: the whole answer at once."""
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        return await self.dispatcher.open(order, req, deadline, metadata)
+        return await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+
+    def _feedback_lost(self, exc: BaseException | None) -> None:
+        if exc is not None:
+            self.sync.redis_error(exc)
 
     def feedback(self, rec: FeedbackRecord) -> None:
         if self._feedback is not None:

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from router.policy import WILDCARD, Policy, PoolState, fallback_order
+from router.routing.estimate import PoolState
+from router.routing.policy import WILDCARD, Policy, fallback_order
 
 Status = Literal["ready", "degraded", "not ready"]
 

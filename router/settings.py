@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from router.discovery import is_dns, parse_dns
-from router.keys import KeyLimits, parse_limits
+from router.keys.ring import KeyLimits, parse_limits
+from router.workers.discovery import is_dns, parse_dns
 
 
 def spec_or_json(value: str, seps: str = ";") -> Any:
@@ -35,7 +35,7 @@ def spec_or_json(value: str, seps: str = ";") -> Any:
 
 def parse_pools(value: Any) -> dict[str, list[str]]:
     """`{"mtp": ["host:port", ...]}` or the compact `mtp=h:p,h:p;dfly=h:p` form; a member
-    `dns:///host:port` stands for every address the name resolves to (router/discovery.py)."""
+    `dns:///host:port` stands for every address the name resolves to (router/workers/discovery.py)."""
     if value is None or value == "":
         return {}
     if isinstance(value, str):
@@ -155,7 +155,7 @@ class Settings(BaseSettings):
     api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     api_keys_file: Path | None = Field(default=None, description="file holding the client API key(s)")
     api_key_limits: Annotated[dict[str, KeyLimits], NoDecode] = Field(
-        default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys.py)")
+        default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys/ring.py)")
 
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)
@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     affinity_slack: float = Field(
         default=1.0, ge=0,
         description="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with "
-                    "hot ones and the rest with the rest (router/affinity.py); 0: least-loaded only")
+                    "hot ones and the rest with the rest (router/routing/affinity.py); 0: least-loaded only")
     health_interval_s: float = Field(default=1.0, gt=0)
     health_timeout_s: float = Field(default=1.0, gt=0)
     breaker_failures: int = Field(default=3, ge=1)
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     gateway_feedback: bool = Field(
         default=False, description="also write per-request feedback from the gateway (for workers that do not)"
     )
-    # HTTP connections (router/http_guard.py): a client gets this long to send a request's headers,
+    # HTTP connections (router/http/guard.py): a client gets this long to send a request's headers,
     # then its body; idle keep-alive connections close after `keepalive_timeout_s`; connections over
     # `max_connections` get a 503 at once
     header_timeout_s: float = Field(default=10.0, gt=0)
@@ -183,18 +183,18 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=2048, ge=1)
     drain_timeout_s: float = Field(default=10.0, ge=0, description="on SIGTERM: how long in-flight requests may finish")
-    # structured access log of the completion endpoints (router/access_log.py): off by default
+    # structured access log of the completion endpoints (router/observability/access_log.py): off by default
     access_log: bool = Field(default=False, description="write one JSON line per completion request")
     access_log_sample: float = Field(default=1.0, ge=0.0, le=1.0,
                                      description="share of successful requests logged (errors always are)")
     access_log_file: Path | None = Field(default=None, description="access log file (default: stderr)")
-    # OpenTelemetry traces (router/tracing.py): off by default; with no exporter (`none`) no span is
+    # OpenTelemetry traces (router/observability/tracing.py): off by default; with no exporter (`none`) no span is
     # recorded, only the trace context is made and reaches the workers; spans go to stdout (`console`)
     # or over OTLP (`otlp`)
     tracing: bool = False
     trace_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str | None = Field(default=None, description="OTLP gRPC endpoint (default: OTEL_* variables)")
-    # the dashboard's charts (router/timeseries.py): one sample per gateway per interval, in Redis
+    # the dashboard's charts (router/observability/timeseries.py): one sample per gateway per interval, in Redis
     timeseries_interval_s: float = Field(default=5.0, gt=0)
     timeseries_retention_s: float = Field(default=3600.0, gt=0)
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")

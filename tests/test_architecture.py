@@ -13,11 +13,15 @@ Layering:
   `fastapi`, `grpc`.
 
 Size: no module in `engines/` or `router/` is longer than `MAX_LINES` lines.
+
+The map: `docs/ARCHITECTURE.md` names every module of `DOCUMENTED` (its full path anywhere; or, in its
+package's section, its path inside the package, or its file name on a line that names its folder).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engines", "router", "classifier", "specroute")
 MAX_LINES = 420
 SIZE_CHECKED = ("engines", "router")
+DOC = REPO / "docs" / "ARCHITECTURE.md"
+# package -> the words of the heading of its section in docs/ARCHITECTURE.md
+DOCUMENTED: dict[str, str] = {"router": "gateway wing", "engines": "engine wing", "classifier": "classifier",
+                              "specroute": "system", "bench": "benchmarks"}
 
 # (folder, relative to the repository) -> top-level modules it must not import
 FORBIDDEN: dict[str, frozenset[str]] = {
@@ -138,6 +146,45 @@ def test_module_size(files: list[Path]):
     assert not bad, f"modules in {' and '.join(SIZE_CHECKED)} longer than {MAX_LINES} lines:\n{listing}"
 
 
+def _sections(doc: str) -> dict[str, str]:
+    """Heading (lower case) -> its text, for every `## ` section."""
+    out: dict[str, str] = {}
+    for part in re.split(r"^## ", doc, flags=re.M)[1:]:
+        head, _, body = part.partition("\n")
+        out[head.strip().lower()] = body
+    return out
+
+
+def _mentions(text: str, path: str) -> bool:
+    return re.search(r"(?<![\w/.-])" + re.escape(path) + r"(?![\w])", text) is not None
+
+
+def undocumented(doc: str, repo: Path = REPO) -> list[str]:
+    """Modules of `DOCUMENTED` packages that `doc` does not name (see the module docstring)."""
+    sections = _sections(doc)
+    missing: list[str] = []
+    for pkg, heading in DOCUMENTED.items():
+        section = next((body for head, body in sections.items() if heading in head), "")
+        for path in sorted((repo / pkg).rglob("*.py")):
+            if path.name == "__init__.py" or _is_generated(path, repo):
+                continue
+            rel = path.relative_to(repo).as_posix()
+            inner = path.relative_to(repo / pkg).as_posix()
+            folder = path.parent.name + "/"
+            if _mentions(doc, rel) or _mentions(section, inner):
+                continue
+            if path.parent != repo / pkg and any(
+                    folder in line and _mentions(line, path.name) for line in section.splitlines()):
+                continue
+            missing.append(rel)
+    return missing
+
+
+def test_every_module_is_on_the_map() -> None:
+    missing = undocumented(DOC.read_text(encoding="utf-8"))
+    assert not missing, "docs/ARCHITECTURE.md does not name:\n" + "\n".join(missing)
+
+
 # --- the checker itself --------------------------------------------------------------------------
 
 
@@ -172,6 +219,16 @@ def test_relative_and_lazy_imports_are_resolved(tmp_path: Path):
     assert layering_violations([contracts / "stats.py"], tmp_path)["specroute/contracts"] == [
         "specroute/contracts/stats.py:1 imports grpc"
     ]
+
+
+def test_a_module_missing_from_the_map_fails(tmp_path: Path) -> None:
+    for rel in ("router/api/new_thing.py", "router/gateway.py", "engines/worker/server.py", "bench/x.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    doc = ("## The gateway wing\n| `gateway.py` | hub |\n## The engine wing\n| `worker/` | `server.py` |\n"
+           "## Data, tests and benchmarks\n`bench/x.py`\n")
+    assert undocumented(doc, tmp_path) == ["router/api/new_thing.py"]
+    assert undocumented(doc + "## The gateway wing, again\n`router/api/new_thing.py`", tmp_path) == []
 
 
 def test_generated_stubs_are_skipped():

@@ -8,7 +8,8 @@ non-streaming callers) the first chunk goes out at once, then one final chunk ca
 delta. A client that goes away
 (cancel, disconnect, deadline) cancels the handler task; the `finally` cancels the request in the
 batcher, which frees its slot at once. The final chunk carries the request's speculative statistics,
-and a feedback record goes to Redis through the background writer.
+and a feedback record goes to Redis through the background writer (specroute/feedback_writer.py).
+`Complete` is the unary form for callers that read the answer whole: one message, the final chunk.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import specroute
 from engines.errors import EngineError, check_room
-from engines.requests import Closed, Event, GenRequest, QueueFull
+from engines.requests import Closed, Event, GenRequest, Handle, QueueFull
 from engines.sampling import SamplingParams
-from specroute.contracts.feedback import FeedbackRecord
+from specroute.contracts.context import temperature_bucket
+from specroute.contracts.feedback import build_record
 from specroute.contracts.limits import over_context, too_long_message
 from specroute.errors import UserError
+from specroute.feedback_writer import FeedbackWriter
 from specroute.v1 import engine_pb2 as pb
 from specroute.v1 import engine_pb2_grpc as pb_grpc
 
@@ -98,7 +101,8 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
         raise InvalidRequest(f"mode {r.mode!r} is not served by this worker (modes: {', '.join(backend.info.mode_names())})")
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
-                      domain=r.domain, pool=r.pool, context=r.context, mode=r.mode)
+                      domain=r.domain, pool=r.pool, context=r.context, mode=r.mode,
+                      temperature_bucket=r.temperature_bucket or temperature_bucket(params.temperature))
 
 
 def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:
@@ -135,8 +139,10 @@ class EngineService(pb_grpc.EngineServicer):
         self.metrics = metrics
         self.feedback = feedback
 
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-                       ) -> AsyncIterator[pb.GenerateChunk]:
+    async def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+                     ) -> tuple[GenRequest, asyncio.Queue[Event], Handle]:
+        """Validate and tokenize `request` and submit it; its events arrive on the queue (aborts the
+        call with INVALID_ARGUMENT, RESOURCE_EXHAUSTED or UNAVAILABLE)."""
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
         try:
@@ -166,6 +172,62 @@ class EngineService(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Closed as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return req, q, handle
+
+    async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateChunk:
+        """The whole answer as one message: `Generate`'s final chunk with every delta merged in."""
+        req, q, handle = await self._start(request, context)
+        finished = False
+        evs: list[Event] = []
+        try:
+            while True:
+                ev = await q.get()
+                evs.append(ev)
+                if ev.finish_reason:
+                    break
+            finished = True
+            if ev.finish_reason in ABORT_CODES:
+                await self._abort(req, ev, context)
+            chunk = chunk_of(evs)
+            self._finish(chunk, req, ev, context)
+            if ev.stats is not None:
+                chunk.ttft_ms = ev.stats.ttft_s * 1000.0
+            return chunk
+        finally:
+            if not finished:
+                self.backend.cancel(handle)
+
+    async def _abort(self, req: GenRequest, ev: Event, context: grpc.aio.ServicerContext) -> None:
+        msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
+                           "shutdown": "worker shut down before the request finished"}.get(
+                               ev.finish_reason, "engine error")
+        log.warning("request %s ended: %s", req.request_id or "-", msg)
+        await context.abort(ABORT_CODES[ev.finish_reason], msg)
+
+    def _finish(self, chunk: pb.GenerateChunk, req: GenRequest, ev: Event, context: grpc.aio.ServicerContext) -> None:
+        """Make `chunk` the request's final one (finish reason, token counts, statistics) and record it."""
+        # one line per request at debug level (SPECROUTE_LOG_LEVEL=debug): a busy worker's log
+        # stays quiet by default; failed requests are logged with their id at warning level
+        if log.isEnabledFor(logging.DEBUG):  # (its arguments cost more than the check)
+            log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, "
+                      "trace %s", req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
+                      ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
+                      traceparent(context))
+        chunk.finish_reason = ev.finish_reason
+        chunk.prompt_tokens = len(req.prompt_ids)
+        if ev.stats is not None:
+            chunk.completion_tokens = ev.stats.completion_tokens
+            chunk.stats.CopyFrom(stats_pb(ev))
+            if self.feedback is not None:
+                st, acc = ev.stats, ev.stats.acceptance
+                self.feedback.put(build_record(
+                    request_id=req.request_id, pool=req.pool or self.settings.pool, domain=req.domain,
+                    context=req.context, engine=req.mode or self.backend.info.engine, tokens=st.completion_tokens,
+                    counts=(acc.drafted, acc.accepted, acc.steps), wall_s=st.wall_s, ttft_s=st.ttft_s))
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[pb.GenerateChunk]:
+        req, q, handle = await self._start(request, context)
         finished = False
         first = True
         # coalesce (non-streaming callers): after the first chunk, hold deltas back for the final one
@@ -182,11 +244,7 @@ class EngineService(pb_grpc.EngineServicer):
                         if first:
                             chunk.prompt_tokens = len(req.prompt_ids)
                         yield chunk
-                    msg = ev.error or {"cancelled": "request cancelled", "deadline": "deadline exceeded",
-                                       "shutdown": "worker shut down before the request finished"}.get(
-                                           ev.finish_reason, "engine error")
-                    log.warning("request %s ended: %s", req.request_id or "-", msg)
-                    await context.abort(ABORT_CODES[ev.finish_reason], msg)
+                    await self._abort(req, ev, context)
                 if coalesce and not first:
                     held += evs
                     if not ev.finish_reason:
@@ -198,35 +256,13 @@ class EngineService(pb_grpc.EngineServicer):
                     first = False
                 if ev.finish_reason:
                     finished = True
-                    # one line per request at debug level (SPECROUTE_LOG_LEVEL=debug): a busy worker's log
-                    # stays quiet by default; failed requests are logged with their id at warning level
-                    if log.isEnabledFor(logging.DEBUG):  # (its arguments cost more than the check)
-                        log.debug("request %s finished (%s): %d prompt + %d completion tokens, domain %s, "
-                                  "trace %s", req.request_id or "-", ev.finish_reason, len(req.prompt_ids),
-                                  ev.stats.completion_tokens if ev.stats is not None else 0, req.domain or "-",
-                                  traceparent(context))
-                    chunk.finish_reason = ev.finish_reason
-                    chunk.prompt_tokens = len(req.prompt_ids)
-                    if ev.stats is not None:
-                        chunk.completion_tokens = ev.stats.completion_tokens
-                        chunk.stats.CopyFrom(stats_pb(ev))
-                        self._record(req, ev)
+                    self._finish(chunk, req, ev, context)
                     yield chunk
                     return
                 yield chunk
         finally:
             if not finished:
                 self.backend.cancel(handle)
-
-    def _record(self, req: GenRequest, ev: Event) -> None:
-        if self.feedback is None or ev.stats is None:
-            return
-        s, a = ev.stats, ev.stats.acceptance
-        self.feedback.put(FeedbackRecord(
-            pool=req.pool or self.settings.pool, domain=req.domain or "unknown", tokens=s.completion_tokens,
-            drafted=a.drafted, accepted=a.accepted, steps=a.steps, wall_ms=s.wall_s * 1000.0,
-            ttft_ms=s.ttft_s * 1000.0, request_id=req.request_id, engine=req.mode or self.backend.info.engine,
-            context=req.context))
 
     def _info(self) -> pb.InfoResponse:
         i = self.backend.info
@@ -259,13 +295,12 @@ class EngineService(pb_grpc.EngineServicer):
 async def serve(settings, backend, metrics=None, on_ready=None) -> None:
     """Run until SIGTERM/SIGINT, then drain: stop admitting, let running requests finish (bounded by
     `drain_timeout_s`), end the rest with UNAVAILABLE, stop the server."""
-    from engines.worker.feedback import FeedbackWriter
-
     feedback = None
     if settings.redis_url:
-        feedback = FeedbackWriter(settings.redis_url, maxsize=settings.feedback_queue,
-                                  on_error=metrics.redis_errors.inc if metrics else None,
-                                  on_written=metrics.feedback_written.inc if metrics else None)
+        feedback = FeedbackWriter.from_url(
+            settings.redis_url, maxsize=settings.feedback_queue,
+            on_error=(lambda _exc: metrics.redis_errors.inc()) if metrics else (lambda _exc: None),
+            on_written=metrics.feedback_written.inc if metrics else (lambda: None))
         feedback.start()
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_EngineServicer_to_server(EngineService(backend, settings, metrics, feedback), server)

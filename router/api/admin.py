@@ -1,8 +1,8 @@
 """Admin API (bearer token): live policy with ETag/If-Match, validation, history, rollback,
 statistics and pools. Mounted only when an admin token is configured or `--insecure-admin` is set.
 
-Policy-store failures are raised as domain errors (router/store.py) and become HTTP errors in the
-app's exception handlers (router/errors.py)."""
+Policy-store failures are raised as domain errors (router/state/store.py) and become HTTP errors in the
+app's exception handlers (router/http/errors.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.api.common import gateway_of, json_response, matching_key, read_json
-from router.errors import APIError, policy_etag
 from router.gateway import Gateway
-from router.policy import Policy, diff_policies, policy_warnings
+from router.http.errors import APIError, policy_etag
 from router.readiness import unservable
-from router.store import StoreNotConfigured, StoreUnavailable, VersionConflict
+from router.routing.policy import Policy, diff_policies, policy_warnings
+from router.state.store import StoreNotConfigured, StoreUnavailable, VersionConflict
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 log = logging.getLogger("specroute.gateway.admin")

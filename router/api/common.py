@@ -11,10 +11,10 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from router.asgi import ClientDisconnected, read_body
-from router.errors import APIError
 from router.gateway import Gateway
-from router.keys import ApiKey
+from router.http.asgi import ClientDisconnected, read_body
+from router.http.errors import APIError
+from router.keys.ring import ApiKey
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -38,7 +38,7 @@ def matching_key(header: str, keys: dict[str, str]) -> str | None:
 
 
 def authenticate(g: Gateway, header: str) -> ApiKey | None:
-    """The client's API key (router/keys.py) from its `Authorization` header; None when the gateway
+    """The client's API key (router/keys/ring.py) from its `Authorization` header; None when the gateway
     needs no key; a 401 `APIError` for a missing, wrong or disabled one."""
     ring = g.keys.ring
     if not ring.active:

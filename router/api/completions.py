@@ -1,15 +1,19 @@
-"""The handler of `/v1/chat/completions` and `/v1/completions`, as plain ASGI (`serve`): auth, body,
-classify, route, the upstream call and the response, JSON or streamed.
+"""`/v1/chat/completions` and `/v1/completions` as plain ASGI (`serve`): admit -> route -> open -> respond.
 
-These two endpoints are the hot path, so the app (router/app.py) calls `serve` directly for `POST`
-on their paths, without the framework's routing, middleware stack, request and response objects
-(together they cost more CPU per request than the gateway's own work); the FastAPI routes
-(router/api/openai.py) run the same handler through `ASGIEndpoint`. What goes over the wire is built
-by the pure functions of router/api/openai_wire.py; a non-streaming request asks the worker to
-`coalesce` its chunks.
+These two endpoints are the hot path, so the app (router/app.py) calls `serve` directly for `POST` on
+their paths, without the framework's routing, middleware, request and response objects; the FastAPI
+routes (router/api/openai.py) run the same handler through `ASGIEndpoint`.
 
-Per-request hooks live here, not in middleware (which these paths skip): `serve` fills an `Outcome`
-as the request goes and writes the access log line (router/access_log.py) once the response is out.
+- admit (router/api/admit.py): request id, key, rate limit, body, checks -> `Admitted`;
+- route: classify, `decide` (router/routing/decide.py), the key's domains, what fits the pool;
+- open: the worker call along the policy's fallback order (router/workers/upstream.py): the unary
+  `Complete` for a non-streaming request, the `Generate` stream otherwise;
+- respond: the JSON body, or the SSE events (router/api/openai_wire.py builds every byte).
+
+Every outcome is an OpenAI response: the completion, an OpenAI error with its status, or nothing
+when the client went away (its worker call cancelled). What the request established is kept on an
+`Exchange`; the access-log line, the trace's attributes and the per-key and time-series counts are
+built from it once the response is out.
 """
 
 from __future__ import annotations
@@ -17,54 +21,86 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 import grpc
 import orjson
 from fastapi.responses import Response
-from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from router.access_log import Outcome
-from router.api.common import authenticate, parse_json
+from router.api.admit import Admitted, Headers, admit, check_prompt_size, client_key, within_limits
 from router.api.openai_wire import (
     SSE_HEADERS,
-    Body,
+    Api,
     Collected,
     Completion,
-    Kind,
     classifier_input,
-    context_of,
     decision_headers,
-    feedback_record,
     finish_reason,
+    gateway_record,
     generate_request,
     served_reason,
     spec_object,
     sse,
 )
-from router.asgi import (
+from router.gateway import Gateway
+from router.http.asgi import (
     JSON_CONTENT_TYPE,
     ClientDisconnected,
-    Cork,
     DisconnectGuard,
-    Headers,
     cork_of,
     header_dict,
     raw_headers,
-    read_body,
     send_response,
 )
-from router.errors import APIError, from_grpc, from_upstream, validation_error
-from router.gateway import Gateway
-from router.policy import Decision
-from router.request_id import request_id
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from router.tracing import RequestTrace
-from router.upstream import Upstream, UpstreamError
-from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
-from specroute.v1 import engine_pb2
+from router.http.errors import APIError, from_grpc, from_upstream
+from router.http.request_id import request_id
+from router.observability.access_log import Outcome
+from router.observability.tracing import RequestTrace
+from router.routing.decide import Decision
+from router.workers.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("specroute.gateway.api")
+
+_SHUTTING_DOWN = APIError(503, "the gateway is shutting down; retry the request", code="shutting_down")
+
+
+@dataclass(slots=True)
+class Served:
+    """What the worker gave a request, for the logs and counts."""
+
+    pool: str
+    reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    mal: float | None = None
+
+
+class Exchange:
+    """One request as far as it got: filled step by step, read once at the end."""
+
+    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "decision", "served", "status")
+
+    def __init__(self, api: Api, t0: float, trace: RequestTrace | None) -> None:
+        self.api, self.t0, self.trace = api, t0, trace
+        self.rid: str | None = None
+        self.key = None
+        self.request: Admitted | None = None
+        self.decision: Decision | None = None
+        self.served: Served | None = None
+        self.status = 0
+
+
+class Conn:
+    """The ASGI side of one request: the connection's calls and its write cork."""
+
+    __slots__ = ("scope", "receive", "send", "cork")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope, self.receive, self.send, self.cork = scope, receive, send, cork_of(scope)
+
+    async def emit(self, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 class _Reply:
@@ -72,171 +108,65 @@ class _Reply:
 
     __slots__ = ("status", "headers", "body")
 
-    def __init__(self, status: int, headers: Headers, body: bytes) -> None:
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.status, self.headers, self.body = status, headers, body
 
 
 _STREAMED = _Reply(200, [], b"")  # the SSE stream went out; only its terminator is left to send
-_SHUTTING_DOWN = APIError(503, "the gateway is shutting down; retry the request", code="shutting_down")
 
 
-async def serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
-    """The whole `/v1/chat/completions` (`kind="chat"`) or `/v1/completions` request, as ASGI.
-
-    Every outcome is an OpenAI response: the completion (JSON, or SSE with `stream: true`), an
-    OpenAI error with its status, or nothing when the client went away (its worker call cancelled).
-    """
+async def serve(g: Gateway, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+    """The whole `/v1/chat/completions` (`api="chat"`) or `/v1/completions` request, as ASGI."""
     t0 = time.perf_counter()
-    out = Outcome(kind)
-    if g.tracing is not None:
-        out.trace = RequestTrace(g.tracing, "POST " + scope["path"], scope["headers"], time.time_ns())
-    cork = cork_of(scope)
+    trace = RequestTrace(g.tracing, "POST " + scope["path"], scope["headers"], time.time_ns()) \
+        if g.tracing is not None else None
+    ex, conn = Exchange(api, t0, trace), Conn(scope, receive, send)
     try:
-        await _serve(g, kind, scope, receive, send, t0, out, cork)
+        await _answer(g, ex, conn)
     finally:
-        if cork is not None:
-            cork.uncork()  # a stream's last events (or whatever an error left held) go out now
-        if not out.status:
-            out.status = 499  # the client went away (or the task was torn down) before an answer
-        key = out.api_key
-        if key is not None:
-            g.metrics.key_requests_by(key.name, str(out.status)).inc()
-            if key.limits.tpm is not None:
-                g.keys.limiter.charge(key, out.prompt_tokens + out.completion_tokens)
-        latency = time.perf_counter() - t0
-        g.series.observe(out.domain, out.pool, out.status, out.completion_tokens, latency)
-        if g.access_log is not None:
-            g.access_log.write(out, latency)
-        if out.trace is not None:
-            out.trace.end(out, g.snapshot.policy.version)
+        if conn.cork is not None:
+            conn.cork.uncork()  # a stream's last events (or whatever an error left held) go out now
+        _account(g, ex)
 
 
-async def _serve(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
-                 out: Outcome, cork: Cork | None) -> None:
+async def _answer(g: Gateway, ex: Exchange, conn: Conn) -> None:
     try:
-        reply = await _complete(g, kind, scope, receive, send, t0, out, cork)
+        reply = await _complete(g, ex, conn)
     except APIError as exc:
-        headers = [JSON_CONTENT_TYPE, *raw_headers(exc.headers)]
-        if out.rid is not None and "x-request-id" not in exc.headers:
-            headers.append((b"x-request-id", out.rid.encode("latin-1")))
-        reply = _Reply(exc.status, headers, orjson.dumps(exc.body()))
+        reply = _error(exc, ex.rid)
     except ClientDisconnected:
         return
     except asyncio.CancelledError:
         # not the client's doing (that ends quietly in `_complete`): the gateway is stopping and its
         # drain deadline passed. The request is over; the client gets an OpenAI error, not a cut.
         _stopped_by_shutdown()
-        reply = _Reply(503, [JSON_CONTENT_TYPE, *raw_headers(_SHUTTING_DOWN.headers)],
-                       orjson.dumps(_SHUTTING_DOWN.body()))
+        reply = _error(_SHUTTING_DOWN, None)
     except Exception as exc:  # a bug: a 500 in the OpenAI shape (the FastAPI handler does the same)
-        log.exception("unexpected error in %s", scope.get("path"))
-        err = APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
-        reply = _Reply(500, [JSON_CONTENT_TYPE], orjson.dumps(err.body()))
+        log.exception("unexpected error in %s", conn.scope.get("path"))
+        reply = _error(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"), None)
     if reply is None:
         return
     if reply is _STREAMED:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await conn.send({"type": "http.response.body", "body": b"", "more_body": False})
         return
-    out.status = reply.status
-    await send_response(send, reply.status, reply.headers, reply.body, cork)
+    ex.status = reply.status
+    await send_response(conn.send, reply.status, reply.headers, reply.body, conn.cork)
 
 
-def _parse(kind: Kind, raw: bytes) -> Body:
-    data = parse_json(raw)
+async def _complete(g: Gateway, ex: Exchange, conn: Conn) -> _Reply | None:
+    headers = Headers(conn.scope)
+    ex.rid = request_id(headers.request_id)
+    ex.key = client_key(g, headers)
+    await within_limits(g, ex.key)
+    req = ex.request = await admit(g, headers, conn.receive, api=ex.api, rid=ex.rid, key=ex.key)
+    d = route(g, ex)
+    guard = DisconnectGuard(conn.receive)
     try:
-        if kind == "chat":
-            return ChatCompletionRequest.model_validate(data)
-        return CompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
-
-
-def _stopped_by_shutdown() -> None:
-    """Withdraw the cancellation the server sent this request's task when its drain deadline passed
-    (the handler answers the client itself and then ends normally)."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-
-
-def check_prompt_size(body: Body, context_tokens: int, prompt_bytes: int | None = None) -> None:
-    """Refuse a prompt that certainly cannot fit `context_tokens` by its byte size alone (the bound of
-    specroute/contracts/limits.py), before it is classified or sent to a worker to tokenize;
-    `prompt_bytes`: its size, when already counted."""
-    limit = prompt_byte_limit(context_tokens)
-    if limit <= 0:
-        return
-    n = text_bytes(body.prompt_texts()) if prompt_bytes is None else prompt_bytes
-    if n > limit:
-        raise APIError(400, too_long_message(n, context_tokens), param=body.prompt_param,
-                       code="context_length_exceeded")
-
-
-def _headers(g: Gateway, d: Decision, pool: str | None, overhead_s: float, rid: str) -> Headers:
-    return decision_headers(d, pool, g.snapshot.policy.version, overhead_s, rid)
-
-
-async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send: Send, t0: float,
-                    out: Outcome, cork: Cork | None) -> _Reply | None:
-    s = g.settings
-    authorization = b""
-    content_length: bytes | None = None
-    client_rid: bytes | None = None
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            content_length = value
-        elif name == b"authorization":
-            authorization = value
-        elif name == b"x-request-id":
-            client_rid = value
-    out.rid = rid = request_id(client_rid)
-    key = out.api_key = authenticate(g, authorization.decode("latin-1"))
-    if key is not None:
-        out.key = key.name
-        if key.limited:  # the one Redis round trip on the request path, only for keys with a limit
-            verdict = await g.keys.limiter.admit(key)
-            if not verdict.admitted:
-                raise APIError(429, f"Rate limit reached for key {key.name!r}: {verdict.limit} "
-                                    f"(retry in {verdict.retry_after_s} s).", code="rate_limit_exceeded",
-                               headers={"retry-after": str(verdict.retry_after_s)})
-    body = _parse(kind, await read_body(receive, s.max_body_bytes, content_length))
-    out.model, out.stream = body.model, bool(body.stream)
-    body.check_supported()
-    if not g.model_known(body.model):
-        raise APIError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-    texts = body.prompt_texts()
-    prompt_bytes = text_bytes(texts)
-    check_prompt_size(body, g.pools.largest_context(), prompt_bytes)  # what fits no pool is not even classified
-
-    tr = out.trace if out.trace is not None and out.trace.recording else None  # spans to build
-    t_cls = time.time_ns() if tr is not None else 0
-    label, probs, unc = g.classify(classifier_input(body))
-    if not probs and label:
-        probs = {label: 1.0}
-    allowed = key.limits.pools if key is not None else ()
-    t_dec = time.time_ns() if tr is not None else 0
-    d = g.route(probs, unc, allowed, context_of(body, texts, prompt_bytes))
-    if tr is not None:
-        tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
-        tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})
-    out.domain, out.pool, out.reason = d.domain, d.pool, d.reason
-    if key is not None and key.limits.domains and d.domain not in key.limits.domains:
-        raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
-                       code="domain_not_allowed")
-    if d.pool is None:
-        raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
-                       headers=header_dict(_headers(g, d, None, time.perf_counter() - t0, rid)))
-    max_tokens = body.effective_max_tokens()
-    mc = g.pools.max_context(d.pool)
-    if mc and max_tokens is not None and max_tokens >= mc:
-        raise APIError(400, f"max_tokens={max_tokens} does not fit the model's context of {mc} tokens",
-                       param="max_tokens", code="context_length_exceeded")
-    check_prompt_size(body, mc, prompt_bytes)
-
-    req = generate_request(body, rid, d.domain, d.context)
-    guard = DisconnectGuard(receive)
-    try:
-        return await _generate(g, kind, body, d, req, t0, send, guard, out, cork)
+        up = await _open(g, ex)
+        if req.stream:
+            await _stream(g, ex, up, conn, guard)
+            return _STREAMED
+        return await _whole(g, ex, up, d)
     except asyncio.CancelledError:
         if guard.caused_cancel():
             return None
@@ -245,42 +175,63 @@ async def _complete(g: Gateway, kind: Kind, scope: Scope, receive: Receive, send
         guard.close()
 
 
-async def _generate(
-    g: Gateway, kind: Kind, body: Body, d: Decision, req: engine_pb2.GenerateRequest, t0: float, send: Send,
-    guard: DisconnectGuard, log_out: Outcome, cork: Cork | None = None,
-) -> _Reply:
-    pre_s = time.perf_counter() - t0
-    assert d.pool is not None
-    rid = req.request_id
+def route(g: Gateway, ex: Exchange) -> Decision:
+    """Classify and decide (kept on `ex`); refuse what the key may not send to that domain, and what
+    the chosen pool cannot fit."""
+    req = ex.request
+    assert req is not None
+    tr = ex.trace if ex.trace is not None and ex.trace.recording else None  # spans to build
+    t_cls = time.time_ns() if tr is not None else 0
+    label, probs, unc = g.classify(classifier_input(req.body))
+    if not probs and label:
+        probs = {label: 1.0}
+    t_dec = time.time_ns() if tr is not None else 0
+    d = ex.decision = g.route(probs, unc, req.pools, req.context)
+    if tr is not None:
+        tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
+        tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})
+    key = req.key
+    if key is not None and key.limits.domains and d.domain not in key.limits.domains:
+        raise APIError(403, f"API key {key.name!r} may not be used for {d.domain!r} requests.",
+                       code="domain_not_allowed")
+    if d.pool is None:
+        raise APIError(503, "no healthy worker pool can serve this request", code="no_healthy_pool",
+                       headers=header_dict(_headers(g, ex, None, time.perf_counter() - ex.t0)))
+    max_tokens = req.body.effective_max_tokens()
+    mc = g.pools.max_context(d.pool)
+    if mc and max_tokens is not None and max_tokens >= mc:
+        raise APIError(400, f"max_tokens={max_tokens} does not fit the model's context of {mc} tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    check_prompt_size(req.body, mc, req.prompt_bytes)
+    return d
+
+
+async def _open(g: Gateway, ex: Exchange) -> Upstream:
+    req, d = ex.request, ex.decision
+    assert req is not None and d is not None and d.pool is not None
+    metadata = ex.trace.upstream(time.time_ns(), d.pool) if ex.trace is not None else None
     try:
-        allowed = log_out.api_key.limits.pools if log_out.api_key is not None else ()
-        tr = log_out.trace
-        metadata = tr.upstream(time.time_ns(), d.pool) if tr is not None else None
-        up = await g.open(d, req, time.monotonic() + g.settings.request_timeout_s, allowed, metadata)
+        return await g.open(d, generate_request(req.body, req.rid, d), batch=req.context.batch,
+                            deadline=time.monotonic() + g.settings.request_timeout_s, allowed=req.pools,
+                            metadata=metadata, unary=not req.stream)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
-            err.param = body.prompt_param
+            err.param = req.body.prompt_param
         g.metrics.requests_by(d.domain, d.pool, str(err.status)).inc()
-        err.headers.update(header_dict(_headers(g, d, d.pool, time.perf_counter() - t0, rid)))
+        err.headers.update(header_dict(_headers(g, ex, d.pool, time.perf_counter() - ex.t0)))
         raise err from exc
     except asyncio.CancelledError:
         g.metrics.requests_by(d.domain, d.pool, "499").inc()
         raise
-    g.metrics.ttft_by(up.pool).observe(up.worker_s)
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    out = Completion(kind, rid, int(time.time()), body.model, include_usage)
 
-    if body.stream:
-        g.metrics.overhead_seconds.observe(pre_s)
-        headers = [*SSE_HEADERS, *_headers(g, d, up.pool, pre_s, rid)]
-        if cork is not None:  # the head, the role event and the first token: one write
-            cork.cork()
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await _stream(g, up, d, out, send, guard, log_out, cork)
-        return _STREAMED
 
-    col = Collected(up.worker_s)
+async def _whole(g: Gateway, ex: Exchange, up: Upstream, d: Decision) -> _Reply:
+    """The non-streaming answer: collect the worker's chunks (one, from `Complete`) into the JSON body."""
+    req = ex.request
+    assert req is not None
+    g.metrics.ttft_by(up.pool).observe(up.ttft_s)
+    col = Collected(up.ttft_s)
     try:
         async for chunk in up.chunks():
             col.add(chunk)
@@ -298,22 +249,98 @@ async def _generate(
         up.close(False)
         raise
     up.close(True)
-    spec = spec_object(d, up.pool, col)
-    overhead = max(0.0, time.perf_counter() - t0 - up.worker_s)
+    overhead = max(0.0, time.perf_counter() - ex.t0 - up.worker_s)
     g.metrics.overhead_seconds.observe(overhead)
-    _record(g, up, d, col, "200", rid, log_out)
-    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, d, up.pool, overhead, rid)],
-                  out.json("".join(col.text), finish, col.usage(), spec))
+    _served(g, ex, up, col, 200)
+    out = Completion(req.api, req.rid, int(time.time()), req.body.model)
+    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead)],
+                  out.json("".join(col.text), finish, col.usage(), spec_object(d, up.pool, col)))
 
 
-def _record(g: Gateway, up: Upstream, d: Decision, col: Collected, status: str, rid: str, out: Outcome) -> None:
-    g.metrics.requests_by(d.domain, up.pool, status).inc()
-    out.pool, out.reason, out.status = up.pool, served_reason(d, up.pool), int(status)
-    out.prompt_tokens, out.completion_tokens = col.prompt_tokens, col.completion_tokens or col.num_tokens
-    if col.stats is not None:
-        out.mal = col.mean_accepted_length()
-    if g.settings.gateway_feedback and status == "200":
-        g.feedback(feedback_record(d, up.pool, col, up.worker_s, rid))
+async def _stream(g: Gateway, ex: Exchange, up: Upstream, conn: Conn, guard: DisconnectGuard) -> None:
+    """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
+    can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
+    gateway is stopping), or nothing because the client itself went away."""
+    pre_s = time.perf_counter() - ex.t0
+    g.metrics.ttft_by(up.pool).observe(up.ttft_s)
+    g.metrics.overhead_seconds.observe(pre_s)
+    cork = conn.cork
+    if cork is not None:  # the head, the role event and the first token: one write
+        cork.cork()
+    await conn.send({"type": "http.response.start", "status": 200,
+                     "headers": [*SSE_HEADERS, *_headers(g, ex, up.pool, pre_s)]})
+    col = Collected(up.ttft_s)
+    status, ok = 500, False
+    try:
+        await _events(g, ex, up, col, conn)
+        status, ok = 200, True
+    except grpc.aio.AioRpcError as exc:
+        err = _worker_error(up, exc)
+        status = err.status
+        await conn.emit(sse(err.body()))
+    except APIError as err:
+        status = err.status
+        await conn.emit(sse(err.body()))
+    except Exception as exc:  # a bug: end the stream with an OpenAI error event
+        log.exception("unexpected error while streaming")
+        await conn.emit(sse(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").body()))
+    except asyncio.CancelledError:
+        if guard.disconnected:
+            status = 499
+            raise
+        status = 503  # the gateway is stopping and its drain deadline passed: end the stream cleanly
+        _stopped_by_shutdown()
+        await conn.emit(sse(_SHUTTING_DOWN.body()))
+    except BaseException:
+        status = 499
+        raise
+    finally:
+        up.close(ok)
+        _served(g, ex, up, col, status)
+
+
+async def _events(g: Gateway, ex: Exchange, up: Upstream, col: Collected, conn: Conn) -> None:
+    """The role event, one event per worker chunk, then the finishing events."""
+    req, d = ex.request, ex.decision
+    assert req is not None and d is not None
+    opts = req.body.stream_options
+    out = Completion(req.api, req.rid, int(time.time()), req.body.model, bool(opts and opts.include_usage))
+    cork = conn.cork
+    if out.api == "chat":
+        await conn.emit(out.role_event())
+    async for chunk in up.chunks(g.metrics.itl_by(up.pool).observe):
+        col.add(chunk)
+        if chunk.text:
+            await conn.emit(out.token_event(chunk.text))
+        if cork is not None and not chunk.finish_reason:
+            cork.uncork()
+    finish = finish_reason(col.finish)
+    if cork is not None:  # the last events and the body's terminator (sent by `_answer`): one write
+        cork.cork()
+    await conn.emit(out.last_events(finish, col.usage(), spec_object(d, up.pool, col)))
+
+
+def _served(g: Gateway, ex: Exchange, up: Upstream, col: Collected, status: int) -> None:
+    d = ex.decision
+    assert d is not None
+    g.metrics.requests_by(d.domain, up.pool, str(status)).inc()
+    ex.status = status
+    ex.served = Served(up.pool, served_reason(d, up.pool), col.prompt_tokens, col.completion_tokens or col.num_tokens,
+                       col.mean_accepted_length() if col.stats is not None else None)
+    if status == 200 and g.settings.gateway_feedback:
+        g.feedback(gateway_record(d, up.pool, col, up.worker_s, ex.rid or ""))
+
+
+def _headers(g: Gateway, ex: Exchange, pool: str | None, overhead_s: float) -> list[tuple[bytes, bytes]]:
+    assert ex.decision is not None and ex.rid is not None
+    return decision_headers(ex.decision, pool, g.snapshot.policy.version, overhead_s, ex.rid)
+
+
+def _error(exc: APIError, rid: str | None) -> _Reply:
+    headers = [JSON_CONTENT_TYPE, *raw_headers(exc.headers)]
+    if rid is not None and "x-request-id" not in exc.headers:
+        headers.append((b"x-request-id", rid.encode("latin-1")))
+    return _Reply(exc.status, headers, orjson.dumps(exc.body()))
 
 
 def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
@@ -321,66 +348,61 @@ def _worker_error(up: Upstream, exc: grpc.aio.AioRpcError) -> APIError:
     return from_grpc(exc.code(), exc.details())
 
 
-async def _stream(g: Gateway, up: Upstream, d: Decision, out: Completion, send: Send,
-                  guard: DisconnectGuard, log_out: Outcome, cork: Cork | None = None) -> None:
-    """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
-    can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
-    gateway is stopping), or nothing because the client itself went away."""
+def _stopped_by_shutdown() -> None:
+    """Withdraw the cancellation the server sent this request's task when its drain deadline passed
+    (the handler answers the client itself and then ends normally)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
-    async def emit(data: bytes) -> None:
-        await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    col = Collected(up.worker_s)
-    status = "200"
-    ok = False
-    try:
-        if out.kind == "chat":
-            await emit(out.role_event())
-        async for chunk in up.chunks(g.metrics.itl_by(up.pool).observe):
-            col.add(chunk)
-            if chunk.text:
-                await emit(out.token_event(chunk.text))
-            if cork is not None and not chunk.finish_reason:
-                cork.uncork()
-        finish = finish_reason(col.finish)
-        if cork is not None:  # the last events and the body's terminator (sent by `_serve`): one write
-            cork.cork()
-        await emit(out.last_events(finish, col.usage(), spec_object(d, up.pool, col)))
-        ok = True
-    except grpc.aio.AioRpcError as exc:
-        err = _worker_error(up, exc)
-        status = str(err.status)
-        await emit(sse(err.body()))
-    except APIError as err:
-        status = str(err.status)
-        await emit(sse(err.body()))
-    except Exception as exc:  # a bug: end the stream with an OpenAI error event
-        log.exception("unexpected error while streaming")
-        status = "500"
-        await emit(sse(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").body()))
-    except asyncio.CancelledError:
-        if guard.disconnected:
-            status = "499"
-            raise
-        status = "503"  # the gateway is stopping and its drain deadline passed: end the stream cleanly
-        _stopped_by_shutdown()
-        await emit(sse(_SHUTTING_DOWN.body()))
-    except BaseException:
-        status = "499"
-        raise
-    finally:
-        up.close(ok)
-        _record(g, up, d, col, status, out.rid, log_out)
+def _account(g: Gateway, ex: Exchange) -> None:
+    """Per-key counts and token charge, the time series, the access-log line and the trace's end."""
+    status = ex.status or 499  # no status: the client went away (or the task was torn down) first
+    sv, d, key = ex.served, ex.decision, ex.key
+    tokens = sv.prompt_tokens + sv.completion_tokens if sv is not None else 0
+    if key is not None:
+        g.metrics.key_requests_by(key.name, str(status)).inc()
+        if key.limits.tpm is not None:
+            g.keys.limiter.charge(key, tokens)
+    latency = time.perf_counter() - ex.t0
+    pool = sv.pool if sv is not None else d.pool if d is not None else None
+    domain = d.domain if d is not None else None
+    g.series.observe(domain, pool, status, sv.completion_tokens if sv is not None else 0, latency)
+    if g.access_log is None and ex.trace is None:
+        return
+    out = outcome(ex, status)
+    if g.access_log is not None:
+        g.access_log.write(out, latency)
+    if ex.trace is not None:
+        ex.trace.end(out, g.snapshot.policy.version)
+
+
+def outcome(ex: Exchange, status: int) -> Outcome:
+    """The access log's (and trace's) view of a finished request."""
+    out = Outcome(ex.api)
+    out.rid, out.status = ex.rid, status
+    if ex.key is not None:
+        out.api_key, out.key = ex.key, ex.key.name
+    if ex.request is not None:
+        out.model, out.stream = ex.request.body.model, ex.request.stream
+    if ex.decision is not None:
+        out.domain, out.pool, out.reason = ex.decision.domain, ex.decision.pool, ex.decision.reason
+    if ex.served is not None:
+        sv = ex.served
+        out.pool, out.reason, out.mal = sv.pool, sv.reason, sv.mal
+        out.prompt_tokens, out.completion_tokens = sv.prompt_tokens, sv.completion_tokens
+    return out
 
 
 class ASGIEndpoint(Response):
     """Runs `serve` as the response of the FastAPI route: the same handler the app's fast path calls
     (router/app.py), for requests that reach the route through the framework."""
 
-    def __init__(self, g: Gateway, kind: Kind) -> None:
-        self.g, self.kind = g, kind
+    def __init__(self, g: Gateway, api: Api) -> None:
+        self.g, self.api = g, api
         self.status_code = 200
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await serve(self.g, self.kind, scope, receive, send)
+        await serve(self.g, self.api, scope, receive, send)

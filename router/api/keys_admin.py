@@ -1,6 +1,6 @@
 """Admin API for client keys (bearer admin token, mounted with router/api/admin.py): list keys with
 their limits (never a secret), create or change one, delete one, and read the audit log of these
-changes. Changes go to Redis (router/key_store.py), so every gateway applies them within about a
+changes. Changes go to Redis (router/keys/store.py), so every gateway applies them within about a
 second; this one applies them at once."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from router.api.admin import require_admin
 from router.api.common import gateway_of, json_response, read_json
-from router.errors import APIError
-from router.keys import NAME_PATTERN, KeyWrite
+from router.http.errors import APIError
+from router.keys.ring import NAME_PATTERN, KeyWrite
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 _NAME = re.compile(NAME_PATTERN)

@@ -15,9 +15,9 @@ from fastapi.responses import Response
 
 from router.api.common import check_api_key, gateway_of, json_response
 from router.api.completions import ASGIEndpoint
-from router.api.openai_wire import Kind
-from router.errors import APIError
-from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.openai_wire import Api
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.errors import APIError
 
 __all__ = ["ASGIEndpoint", "FAST_PATHS", "router"]
 
@@ -44,7 +44,7 @@ _ERRORS = {
 }
 
 # what the app serves without the framework (router/app.py): POST path -> kind
-FAST_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+FAST_PATHS: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
 def _body_doc(model: type[Any]) -> dict[str, Any]:

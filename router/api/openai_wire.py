@@ -9,17 +9,16 @@ from typing import Any, Literal
 
 import orjson
 
-from router.asgi import Headers
-from router.errors import APIError
-from router.policy import Decision
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from specroute.contracts.context import RequestContext, request_context
-from specroute.contracts.feedback import FeedbackRecord
-from specroute.contracts.limits import text_bytes
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.asgi import Headers
+from router.http.errors import APIError
+from router.routing.decide import Decision
+from specroute.contracts.context import DEFAULT_TEMPERATURE
+from specroute.contracts.feedback import FeedbackRecord, build_record
 from specroute.contracts.stats import mean_accepted_length
 from specroute.v1 import engine_pb2
 
-Kind = Literal["chat", "completion"]
+Api = Literal["chat", "completion"]   # which endpoint: chat or (legacy) completions
 Body = ChatCompletionRequest | CompletionRequest
 
 _FINISH = {"stop": "stop", "length": "length", "": "stop"}
@@ -43,31 +42,26 @@ def classifier_input(body: Body) -> list[dict[str, str]]:
     return [{"role": "user", "content": body.prompt_text()}]
 
 
-def context_of(body: Body, texts: list[str] | None = None, prompt_bytes: int | None = None) -> RequestContext:
-    """The request's context buckets (script, temperature, size) for the policy, which adds the domain
-    (`texts`, `prompt_bytes`: the body's prompt texts and their size, when already at hand)."""
-    texts = body.prompt_texts() if texts is None else texts
-    return request_context(texts, body.temperature, text_bytes(texts) if prompt_bytes is None else prompt_bytes)
-
-
-def generate_request(body: Body, request_id: str, domain: str, context: str = "") -> engine_pb2.GenerateRequest:
-    """The worker request for an OpenAI body (the pool is set per attempt by the dispatcher)."""
-    req = engine_pb2.GenerateRequest(request_id=request_id, domain=domain, context=context)
+def generate_request(body: Body, request_id: str, d: Decision) -> engine_pb2.GenerateRequest:
+    """The worker request for an OpenAI body routed by `d` (the pool and the mode are set per attempt
+    by the dispatcher): the context key and temperature bucket travel as computed here."""
+    ctx = d.context
+    req = engine_pb2.GenerateRequest(request_id=request_id, domain=d.domain, context=ctx.key,
+                                     temperature_bucket=ctx.temperature)
     if isinstance(body, ChatCompletionRequest):
         for role, content in body.wire_messages():
             req.messages.add(role=role, content=content)
     else:
         req.prompt = body.prompt_text()
     sp = req.sampling
-    sp.temperature = 1.0 if body.temperature is None else body.temperature
+    sp.temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
     sp.top_p = 1.0 if body.top_p is None else body.top_p
     if body.seed is not None:
         sp.has_seed = True
         sp.seed = body.seed
     req.max_tokens = body.effective_max_tokens() or 0
     req.stop.extend(body.stop_list())
-    # a non-streaming answer is only read whole: the worker sends the first chunk (time to first
-    # token, retries before it) and then one final chunk, instead of one gRPC message per delta
+    # a non-streaming answer is read whole (the unary `Complete`; `coalesce` for a worker without it)
     req.coalesce = not body.stream
     return req
 
@@ -153,12 +147,11 @@ def spec_object(d: Decision, pool: str, col: Collected) -> dict[str, Any]:
     }
 
 
-def feedback_record(d: Decision, pool: str, col: Collected, worker_s: float, request_id: str = "") -> FeedbackRecord:
+def gateway_record(d: Decision, pool: str, col: Collected, worker_s: float, request_id: str = "") -> FeedbackRecord:
     """The acceptance feedback of one served request, as the gateway saw it (`--gateway-feedback`)."""
-    drafted, accepted, steps = col.counts()
-    return FeedbackRecord(pool=pool, domain=d.domain, tokens=col.completion_tokens or col.num_tokens,
-                          drafted=drafted, accepted=accepted, steps=steps, wall_ms=worker_s * 1000.0,
-                          ttft_ms=col.ttft_s * 1000.0, request_id=request_id, engine="gateway", context=d.context)
+    return build_record(request_id=request_id, pool=pool, domain=d.domain, context=d.context.key, engine="gateway",
+                        tokens=col.completion_tokens or col.num_tokens, counts=col.counts(), wall_s=worker_s,
+                        ttft_s=col.ttft_s)
 
 
 # -- response ------------------------------------------------------------------------------------
@@ -183,22 +176,22 @@ class Completion:
     stream (`role_event`, `token_event`, `last_events`). The fields common to all (id, object,
     created, model) and the choice shapes are written once, here."""
 
-    __slots__ = ("kind", "rid", "created", "model", "include_usage", "_token_head", "_token_tail")
+    __slots__ = ("api", "rid", "created", "model", "include_usage", "_token_head", "_token_tail")
 
-    def __init__(self, kind: Kind, rid: str, created: int, model: str, include_usage: bool = False) -> None:
-        self.kind, self.rid, self.created, self.model = kind, rid, created, model
+    def __init__(self, api: Api, rid: str, created: int, model: str, include_usage: bool = False) -> None:
+        self.api, self.rid, self.created, self.model = api, rid, created, model
         self.include_usage = include_usage
         self._token_head = self._token_tail = b""
 
     def head(self, stream: bool) -> dict[str, Any]:
-        h: dict[str, Any] = {"id": f"{_ID_PREFIX[self.kind]}-{self.rid}", "object": _OBJECT[(self.kind, stream)],
+        h: dict[str, Any] = {"id": f"{_ID_PREFIX[self.api]}-{self.rid}", "object": _OBJECT[(self.api, stream)],
                              "created": self.created, "model": self.model}
         if stream and self.include_usage:
             h["usage"] = None
         return h
 
     def choice(self, text: str | None, finish: str | None, *, stream: bool, role: bool = False) -> dict[str, Any]:
-        if self.kind == "completion":
+        if self.api == "completion":
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         if not stream:
             return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -234,7 +227,7 @@ class Completion:
     def last_events(self, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
         """The finishing event (with `specroute`, or followed by the usage event that carries it
         when `include_usage`) and the `[DONE]` terminator."""
-        last = self.choice(None if self.kind == "chat" else "", finish, stream=True)
+        last = self.choice(None if self.api == "chat" else "", finish, stream=True)
         if not self.include_usage:
             return self.event([last], specroute=spec) + SSE_DONE
         return self.event([last]) + self.event([], usage=usage, specroute=spec) + SSE_DONE

@@ -1,4 +1,4 @@
-"""`GET /admin/timeseries`: the dashboard's charts, the same on every gateway (router/timeseries.py)."""
+"""`GET /admin/timeseries`: the dashboard's charts, the same on every gateway (router/observability/timeseries.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from fastapi.responses import Response
 
 from router.api.admin import require_admin
 from router.api.common import gateway_of, json_response
-from router.store import StoreNotConfigured, StoreUnavailable
-from router.timeseries import aggregate
+from router.observability.timeseries import aggregate
+from router.state.store import StoreNotConfigured, StoreUnavailable
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 

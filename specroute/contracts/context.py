@@ -4,7 +4,7 @@ A context is a few cheap buckets of one request, computed by the gateway before 
 tokenizer, no model): the classifier's domain, the writing script of the prompt, the sampling
 temperature and the prompt's size. Its key string travels to the worker in `GenerateRequest.context`
 and comes back in the feedback record, so the learned statistics are per context
-(`specroute:stats:v2:ctx:{context}:{pool}`, specroute/contracts/feedback.py).
+(`specroute:stats:v2:ctx:{level}:{pool}`, specroute/contracts/feedback.py).
 
 Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION` and key prefix):
 
@@ -19,7 +19,7 @@ Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION
 
 Key: `d=code|s=latin|t=0|l=short`. Back-off levels, most specific first (`level_keys`): the full
 context, the coarse context `d=code|t=0` (temperature is what moves acceptance most), the domain
-(`code`, the v1 per-domain cell) and `GLOBAL_LEVEL` (`*`, every request of the pool).
+(`code`) and `GLOBAL_LEVEL` (`*`, every request of the pool).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ SCRIPTS: tuple[str, ...] = ("latin", "cjk", "cyrillic", "arabic", "other")
 TEMPERATURES: tuple[str, ...] = ("0", "low", "high")
 LENGTHS: tuple[str, ...] = ("short", "medium", "long")
 
+DEFAULT_TEMPERATURE = 1.0   # OpenAI's, when a request names none
 GREEDY_BELOW = 1e-3
 LOW_TEMPERATURE_MAX = 0.8
 SHORT_BYTES = 1024
@@ -42,6 +43,8 @@ MEDIUM_BYTES = 8192
 SCRIPT_SAMPLE_CHARS = 512
 CJK_WEIGHT = 3
 MAX_CONTEXT_CHARS = 128
+
+HOT, COOL = "hot", "cool"
 
 _DOMAIN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -93,7 +96,8 @@ def script_of_texts(texts: Sequence[str]) -> str:
 
 
 def temperature_bucket(temperature: float | None) -> str:
-    t = 1.0 if temperature is None else float(temperature)
+    """The one rule: `0` below `GREEDY_BELOW`, `low` up to `LOW_TEMPERATURE_MAX`, else `high`."""
+    t = DEFAULT_TEMPERATURE if temperature is None else float(temperature)
     if t < GREEDY_BELOW:
         return "0"
     return "low" if t <= LOW_TEMPERATURE_MAX else "high"
@@ -116,6 +120,12 @@ class RequestContext:
 
     def with_domain(self, domain: str) -> RequestContext:
         return RequestContext(domain, self.script, self.temperature, self.length)
+
+    @property
+    def batch(self) -> str:
+        """The batch kind a worker choice groups rows by (router/routing/affinity.py): `hot` at the
+        `high` temperature bucket, where drafting rarely pays, else `cool`."""
+        return HOT if self.temperature == "high" else COOL
 
     @property
     def key(self) -> str:
@@ -152,6 +162,11 @@ def parse_context(key: str) -> RequestContext | None:
     if not _DOMAIN.fullmatch(d) or s not in SCRIPTS or t not in TEMPERATURES or ln not in LENGTHS:
         return None
     return RequestContext(d, s, t, ln)
+
+
+def domain_level(domain: str) -> str:
+    """A record's domain as a statistics level: itself when a valid domain name, else `unknown`."""
+    return domain if _DOMAIN.fullmatch(domain or "") else "unknown"
 
 
 def level_keys(domain: str, context: RequestContext | None) -> tuple[str, ...]:

@@ -5,27 +5,26 @@ Shared by both sides of the wire: engine workers *write* one record per finished
 *read* the aggregates. This module therefore imports neither torch, FastAPI nor grpc, and neither
 wing (`router/`, `engines/`); `redis` only through the client you pass in.
 
-Redis layout (prefix `specroute:`, see docs/redis-layout.md):
+Redis layout (prefix `specroute:`, see docs/redis-layout.md), one schema:
 
 - `specroute:feedback`: stream, one entry per finished request, capped with `MAXLEN ~`.
-- v1, `specroute:stats:{domain}:{pool}`: hash of exponentially decayed sums
-  `n, tokens, drafted, accepted, steps, decode_ms, ttft_ms, wall_ms` plus `t` (server time of the
-  last update, seconds). Still written for every record (dashboards, older gateways); it is also the
-  domain level of the v2 back-off.
-- v2 (`CONTEXT_VERSION`, specroute/contracts/context.py), the same hash fields:
-  - `specroute:stats:v2:all:{pool}`: every request of the pool (the global level);
-  - `specroute:stats:v2:ctx:{context}:{pool}`: one request context, for the full context key
-    (`d=code|s=latin|t=0|l=short`) and the coarse one (`d=code|t=0`); these expire after
-    `max(CONTEXT_MIN_TTL_S, 20 half-lives)` without an update;
-  - `specroute:stats:v2:index`: sorted set of the context cells (`{context}:{pool}`) scored by the
-    server time of their last update; entries older than the TTL are removed and it is capped at
-    `MAX_CONTEXT_CELLS` (most recent kept), so gateways pull a bounded set of recent contexts.
+- `specroute:stats:v2:all:{pool}`: every request of the pool (the global level).
+- `specroute:stats:v2:ctx:{level}:{pool}`: one level of a request's back-off
+  (specroute/contracts/context.py `level_keys`): its domain (`code`), coarse context (`d=code|t=0`) and
+  full context (`d=code|s=latin|t=0|l=short`); these expire after `max(CONTEXT_MIN_TTL_S, 20
+  half-lives)` without an update.
+- `specroute:stats:v2:index`: sorted set of those level cells (`{level}:{pool}`) scored by the server
+  time of their last update; entries older than the TTL are removed and it is capped at
+  `MAX_CONTEXT_CELLS` (most recent kept), so gateways pull a bounded set of recent cells.
 
-One script call (`UPDATE_STATS_LUA`) updates every cell of a record atomically: on each, all sums are
-multiplied by `0.5 ** (dt / half_life_s)` and the new record is added. The half-life is read from the
-current policy document (`specroute:policy`, field `half_life_s`) so operators tune it live;
-`DEFAULT_HALF_LIFE_S` applies when there is no policy yet. A record without a (valid) context updates
-the v1 and global cells only.
+Every stats hash holds exponentially decayed sums of `STAT_FIELDS` plus `t` (server time of the last
+update, seconds). One script call (`update_stats_lua()`) updates every cell of a record atomically:
+on each, all sums are multiplied by `0.5 ** (dt / half_life_s)` and the new record is added. The
+half-life is read from the current policy document (`specroute:policy`, field `half_life_s`);
+`DEFAULT_HALF_LIFE_S` applies when there is no policy yet. A record's domain outside
+`[A-Za-z0-9_.-]{1,64}` counts as `unknown`; its context updates cells only when valid and of its domain.
+The per-domain hashes of the first layout (`specroute:stats:{domain}:{pool}`) are retired: `migrate_v1`
+moves them into the domain cells.
 
 `decay_update` is the pure Python reference of the script for one cell (tests check that both agree)
 and `CellStats.decayed_to` is what readers use to age a snapshot to "now".
@@ -38,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from specroute.contracts.context import context_keys_for
+from specroute.contracts.context import GLOBAL_LEVEL, context_keys_for, domain_level
 from specroute.contracts.stats import mean_accepted_length
 
 PREFIX = "specroute:"
@@ -53,14 +52,14 @@ CONTEXT_MIN_TTL_S = 3600
 STAT_FIELDS: tuple[str, ...] = ("n", "tokens", "drafted", "accepted", "steps", "decode_ms", "ttft_ms", "wall_ms")
 
 
-def stats_key(domain: str, pool: str) -> str:
-    """v1: the domain cell."""
-    return f"{PREFIX}stats:{domain}:{pool}"
+V1_STATS = PREFIX + "stats:"   # the retired per-domain hashes, `specroute:stats:{domain}:{pool}`
 
 
-def global_stats_key(pool: str) -> str:
-    """v2: every request of the pool."""
-    return f"{PREFIX}stats:v2:all:{pool}"
+def stats_key(level: str, pool: str) -> str:
+    """The cell of one back-off level (a domain, a context key, or `GLOBAL_LEVEL`) of a pool."""
+    if level == GLOBAL_LEVEL:
+        return f"{PREFIX}stats:v2:all:{pool}"
+    return f"{PREFIX}stats:v2:ctx:{context_member(level, pool)}"
 
 
 def context_member(context: str, pool: str) -> str:
@@ -72,11 +71,6 @@ def split_member(member: str) -> tuple[str, str]:
     """(context, pool) of an index member (a context holds no `:`; a pool name might)."""
     context, _, pool = member.partition(":")
     return context, pool
-
-
-def context_stats_key(context: str, pool: str) -> str:
-    """v2: one context cell."""
-    return f"{PREFIX}stats:v2:ctx:{context_member(context, pool)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +101,16 @@ class FeedbackRecord:
             "ttft_ms": float(self.ttft_ms),
             "wall_ms": float(self.wall_ms),
         }
+
+
+def build_record(*, request_id: str, pool: str, domain: str, context: str, engine: str, tokens: int,
+                 counts: tuple[int, int, int], wall_s: float, ttft_s: float) -> FeedbackRecord:
+    """The one way a record is made, by a worker or a gateway: `counts` = (drafted, accepted, steps),
+    times in seconds; an empty domain is `unknown`."""
+    drafted, accepted, steps = counts
+    return FeedbackRecord(pool=pool, domain=domain or "unknown", tokens=tokens, drafted=drafted, accepted=accepted,
+                          steps=steps, wall_ms=wall_s * 1000.0, ttft_ms=ttft_s * 1000.0, request_id=request_id,
+                          engine=engine, context=context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,13 +197,12 @@ def decay_update(old: CellStats, rec: FeedbackRecord, now: float, half_life_s: f
     return CellStats(**{k: getattr(old, k) * f + add[k] for k in STAT_FIELDS}, t=now)
 
 
-# KEYS[1] feedback stream, KEYS[2] policy document, KEYS[3] context index,
-# KEYS[4..] stats hashes: KEYS[4] the domain cell (v1), KEYS[5] the pool's global cell,
-#   KEYS[6..5+m] the context cells
+# KEYS[1] feedback stream, KEYS[2] policy document, KEYS[3] level index, KEYS[4] the pool's global cell,
+# KEYS[5..4+m] the level cells (domain, then the contexts)
 # ARGV[1] default half-life s, ARGV[2] stream MAXLEN, ARGV[3] index cap, ARGV[4] minimum TTL s of a
-# context cell, ARGV[5..12] values in STAT_FIELDS order, ARGV[13] m, ARGV[14..13+m] the context
-# cells' index members, ARGV[14+m..] stream entry field/value pairs
-UPDATE_STATS_LUA = """
+# level cell, ARGV[5..4+F] values in STAT_FIELDS order (F fields), ARGV[5+F] m, ARGV[6+F..5+F+m] the
+# level cells' index members, ARGV[6+F+m..] stream entry field/value pairs
+_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local hl = tonumber(ARGV[1])
@@ -208,7 +211,8 @@ if p then
   local ok, doc = pcall(cjson.decode, p)
   if ok and type(doc) == 'table' and tonumber(doc['half_life_s']) then hl = tonumber(doc['half_life_s']) end
 end
-local fields = {'n', 'tokens', 'drafted', 'accepted', 'steps', 'decode_ms', 'ttft_ms', 'wall_ms'}
+local fields = {__FIELDS__}
+local nf = #fields
 local function update(key)
   local prev = redis.call('HMGET', key, 't', unpack(fields))
   local f = 1.0
@@ -225,30 +229,37 @@ local function update(key)
   redis.call('HSET', key, unpack(out))
 end
 for i = 4, #KEYS do update(KEYS[i]) end
-local m = tonumber(ARGV[13])
+local m = tonumber(ARGV[5 + nf])
 if m > 0 then
   local ttl = math.max(tonumber(ARGV[4]), math.ceil(20 * hl))
   for j = 1, m do
-    redis.call('EXPIRE', KEYS[5 + j], ttl)
-    redis.call('ZADD', KEYS[3], now, ARGV[13 + j])
+    redis.call('EXPIRE', KEYS[4 + j], ttl)
+    redis.call('ZADD', KEYS[3], now, ARGV[5 + nf + j])
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - ttl)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[3]) + 1))
 end
 local entry = {}
-for i = 14 + m, #ARGV do entry[#entry + 1] = ARGV[i] end
+for i = 6 + nf + m, #ARGV do entry[#entry + 1] = ARGV[i] end
 entry[#entry + 1] = 'ts'
 entry[#entry + 1] = string.format('%.6f', now)
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
 return string.format('%.6f', now)
 """
+UPDATE_STATS_LUA = _LUA.replace("__FIELDS__", ", ".join(f"'{f}'" for f in STAT_FIELDS))
+
+
+def record_levels(rec: FeedbackRecord) -> tuple[str, ...]:
+    """The levels below the global one that a record updates: its domain, and its full and coarse
+    context when valid and of that domain."""
+    domain = domain_level(rec.domain)
+    return (domain, *context_keys_for(rec.context, domain))
 
 
 def record_cells(rec: FeedbackRecord) -> list[str]:
-    """Every stats hash one record updates: the domain cell, the global cell, its context cells."""
-    domain, pool = rec.domain or "unknown", rec.pool or "unknown"
-    return [stats_key(domain, pool), global_stats_key(pool),
-            *(context_stats_key(c, pool) for c in context_keys_for(rec.context, domain))]
+    """Every stats hash one record updates: the pool's global cell, then its level cells."""
+    pool = rec.pool or "unknown"
+    return [stats_key(GLOBAL_LEVEL, pool), *(stats_key(lvl, pool) for lvl in record_levels(rec))]
 
 
 def script_args(
@@ -259,8 +270,8 @@ def script_args(
     min_ttl_s: int = CONTEXT_MIN_TTL_S,
 ) -> tuple[list[str], list[str]]:
     """KEYS and ARGV for `UPDATE_STATS_LUA` (exposed for callers that pipeline the script)."""
-    domain, pool = rec.domain or "unknown", rec.pool or "unknown"
-    contexts = context_keys_for(rec.context, domain)
+    pool = rec.pool or "unknown"
+    levels = record_levels(rec)
     vals = rec.values()
     entry = {
         "pool": rec.pool,
@@ -273,15 +284,39 @@ def script_args(
         "ttft_ms": round(float(rec.ttft_ms), 3),
         "request_id": rec.request_id,
         "engine": rec.engine,
-        "context": contexts[0] if contexts else "",
+        "context": levels[1] if len(levels) > 1 else "",
     }
     argv = [repr(float(default_half_life_s)), str(int(maxlen)), str(int(index_cap)), str(int(min_ttl_s))]
     argv += [repr(vals[k]) for k in STAT_FIELDS]
-    argv += [str(len(contexts)), *(context_member(c, pool) for c in contexts)]
+    argv += [str(len(levels)), *(context_member(lvl, pool) for lvl in levels)]
     for k, v in entry.items():
         argv += [k, str(v)]
     keys = [FEEDBACK_STREAM, POLICY_KEY, CONTEXT_INDEX, *record_cells(rec)]
     return keys, argv
+
+
+async def migrate_v1(client: Any, min_ttl_s: int = CONTEXT_MIN_TTL_S) -> int:
+    """Move the retired per-domain hashes (`specroute:stats:{domain}:{pool}`) into the domain cells of
+    the one schema (kept where a domain cell already exists) and index them; returns how many moved.
+    Idempotent: run by every gateway at start."""
+    moved = 0
+    async for raw in client.scan_iter(match=V1_STATS + "*", count=500):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        domain, sep, pool = key[len(V1_STATS):].partition(":")
+        if domain == "v2" or not sep or not pool:
+            continue
+        level = domain_level(domain)
+        cell = CellStats.from_hash(await client.hgetall(key))
+        target = stats_key(level, pool)
+        if cell.t > 0 and not await client.exists(target):
+            pipe = client.pipeline(transaction=True)
+            pipe.hset(target, mapping={**{k: repr(getattr(cell, k)) for k in STAT_FIELDS}, "t": f"{cell.t:.6f}"})
+            pipe.expire(target, min_ttl_s)
+            pipe.zadd(CONTEXT_INDEX, {context_member(level, pool): cell.t})
+            await pipe.execute()
+            moved += 1
+        await client.delete(key)
+    return moved
 
 
 def make_recorder(

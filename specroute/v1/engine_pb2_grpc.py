@@ -5,7 +5,7 @@ import warnings
 
 from specroute.v1 import engine_pb2 as specroute_dot_v1_dot_engine__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -39,6 +39,11 @@ class EngineStub:
                 request_serializer=specroute_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=specroute_dot_v1_dot_engine__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.Complete = channel.unary_unary(
+                '/specroute.v1.Engine/Complete',
+                request_serializer=specroute_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=specroute_dot_v1_dot_engine__pb2.GenerateChunk.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/specroute.v1.Engine/Info',
                 request_serializer=specroute_dot_v1_dot_engine__pb2.InfoRequest.SerializeToString,
@@ -62,6 +67,14 @@ class EngineServicer:
     def Generate(self, request, context):
         """Server-streaming generation. Cancelling the call cancels the request in the batcher
         and frees its cache slot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Complete(self, request, context):
+        """The whole answer at once, for callers that only read it whole (non-streaming requests): one
+        message, the final chunk of `Generate` with every delta merged into it and `ttft_ms` set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -93,6 +106,11 @@ def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
+                    request_deserializer=specroute_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
+                    response_serializer=specroute_dot_v1_dot_engine__pb2.GenerateChunk.SerializeToString,
+            ),
+            'Complete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Complete,
                     request_deserializer=specroute_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=specroute_dot_v1_dot_engine__pb2.GenerateChunk.SerializeToString,
             ),
@@ -137,6 +155,33 @@ class Engine:
             request,
             target,
             '/specroute.v1.Engine/Generate',
+            specroute_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+            specroute_dot_v1_dot_engine__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Complete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specroute.v1.Engine/Complete',
             specroute_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             specroute_dot_v1_dot_engine__pb2.GenerateChunk.FromString,
             options,

@@ -93,7 +93,7 @@ async def uvicorn_app(settings: Settings, classify: Callable[..., Any] = keyword
 
     import uvicorn
 
-    from router.http_guard import uvicorn_options
+    from router.http.guard import uvicorn_options
     from tests.redis_server import free_port
 
     app = create_app(settings, classify=classify)

@@ -45,6 +45,7 @@ class FakeConfig:
     coalesce: bool = True  # honour GenerateRequest.coalesce (False: an old worker, one chunk per token)
     chunk_tokens: int = 1  # tokens per streamed chunk after the first (a speculative engine, or a busy worker)
     load_delay_s: float = 0.0  # before answering Load (a busy worker's slow health check)
+    unary: bool = True  # answer `Complete` (False: a worker from before it, UNIMPLEMENTED)
 
 
 class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
@@ -55,6 +56,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         self.running = 0
         self.cancelled = 0
         self.completed = 0
+        self.unary_calls = 0  # `Complete` calls (answered or not)
         self._redis = aredis.Redis.from_url(cfg.redis_url) if cfg.redis_url else None
         self._record = make_recorder(self._redis) if self._redis is not None else None
 
@@ -69,6 +71,22 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         if self.cfg.load_delay_s:
             await asyncio.sleep(self.cfg.load_delay_s)
         return engine_pb2.LoadResponse(running=self.running, waiting=0, max_running=8)
+
+    async def Complete(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> engine_pb2.GenerateChunk:
+        """`Generate`'s chunks merged into its final one, as the real worker answers it."""
+        self.unary_calls += 1
+        if not self.cfg.unary:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        t0, ttft, texts, n = time.perf_counter(), 0.0, [], 0
+        final = engine_pb2.GenerateChunk()
+        async for ch in self.Generate(request, context):
+            ttft = ttft or time.perf_counter() - t0
+            texts.append(ch.text)
+            n += ch.num_tokens
+            final = ch
+        final.text, final.num_tokens, final.ttft_ms = "".join(texts), n, ttft * 1000.0
+        return final
 
     async def Generate(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         c = self.cfg

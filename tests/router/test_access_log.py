@@ -1,4 +1,4 @@
-"""The structured access log (router/access_log.py): one JSON line per completion request, written
+"""The structured access log (router/observability/access_log.py): one JSON line per completion request, written
 where the fast-path handler finishes; sampled successes, every error; lines written in batches off
 the request path; settings, flags, environment."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from router.access_log import AccessLog, Outcome
 from router.cli import build_parser, settings_from_args
+from router.observability.access_log import AccessLog, Outcome
 from router.settings import Settings
 from tests.router.conftest import engines, running_app, settings_for, sse_events
 from tests.router.fake_engine import FakeConfig

@@ -1,4 +1,4 @@
-"""Batch affinity (router/affinity.py): the pure choice, and the dispatcher keeping each worker's
+"""Batch affinity (router/routing/affinity.py): the pure choice, and the dispatcher keeping each worker's
 in-flight rows by kind over real gRPC streams to two test-double workers."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from router import affinity
-from router.affinity import COOL, HOT, Candidate, choose
-from router.metrics import Metrics
-from router.pools import PoolManager
-from router.upstream import Dispatcher, Upstream
+from router.observability.metrics import Metrics
+from router.routing.affinity import Candidate, choose
+from router.workers.pools import PoolManager
+from router.workers.upstream import Dispatcher, Upstream
+from specroute.contracts.context import COOL, HOT, request_context
 from specroute.v1 import engine_pb2
 from tests.router.conftest import engines
 from tests.router.fake_engine import FakeConfig
@@ -21,7 +21,8 @@ ROW = 1 / 8   # one row of a worker with room for 8
 
 
 def test_a_request_is_hot_where_drafting_stops_paying() -> None:
-    assert [affinity.kind_of(t) for t in (0.0, 0.5, 0.8, 0.9, 1.0, 1.5, None)] == [COOL] * 3 + [HOT] * 4
+    batches = [request_context(["x"], t, 1).batch for t in (0.0, 0.5, 0.8, 0.9, 1.0, 1.5, None)]
+    assert batches == [COOL] * 3 + [HOT] * 4
 
 
 def test_without_slack_the_least_loaded_wins_whatever_it_runs() -> None:
@@ -66,15 +67,16 @@ def test_the_dispatcher_batches_hot_requests_with_hot_ones_and_counts_them_per_w
                 for i, t in enumerate((1.0, 0.0, 1.0, 0.0, 1.0, 0.0)):
                     req = engine_pb2.GenerateRequest(request_id=f"r{i}", prompt="hello there", max_tokens=8)
                     req.sampling.temperature = t
-                    ups.append(await d.open(["mtp"], req, time.monotonic() + 10))
-                by_worker = {up.endpoint.address: {u.kind for u in ups if u.endpoint is up.endpoint} for up in ups}
+                    batch = request_context(["x"], t, 1).batch
+                    ups.append(await d.open(["mtp"], req, time.monotonic() + 10, batch=batch))
+                by_worker = {up.endpoint.address: {u.batch for u in ups if u.endpoint is up.endpoint} for up in ups}
                 assert sorted(map(sorted, by_worker.values())) == [[COOL], [HOT]], by_worker
                 assert sorted(e.worker.inflight for e in pm.endpoints()) == [3, 3]
                 for e in pm.endpoints():
-                    assert e.worker.kinds[HOT] + e.worker.kinds[COOL] == 3
+                    assert e.worker.batches[HOT] + e.worker.batches[COOL] == 3
                 for up in ups:
                     up.close(ok=False)
-                assert all(e.worker.inflight == 0 and not +e.worker.kinds for e in pm.endpoints())
+                assert all(e.worker.inflight == 0 and not +e.worker.batches for e in pm.endpoints())
             finally:
                 await pm.close()
 

@@ -1,4 +1,4 @@
-"""router/asgi.py: bounded body reads and the disconnect guard of the request hot path."""
+"""router/http/asgi.py: bounded body reads and the disconnect guard of the request hot path."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from router.asgi import ClientDisconnected, DisconnectGuard, read_body
-from router.errors import APIError
+from router.http.asgi import ClientDisconnected, DisconnectGuard, read_body
+from router.http.errors import APIError
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(30)]
 

@@ -11,12 +11,13 @@ import httpx
 import pytest
 import redis
 
-from router.api.openai_wire import context_of, feedback_record, generate_request
-from router.policy import Decision
-from router.pools import Endpoint, speculation
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from specroute.contracts.context import RequestContext
-from specroute.contracts.feedback import CONTEXT_INDEX, context_stats_key, global_stats_key
+from router.api.openai_wire import gateway_record, generate_request
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.routing.decide import Decision
+from router.workers.endpoint import Endpoint
+from router.workers.pools import speculation
+from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, request_context
+from specroute.contracts.feedback import CONTEXT_INDEX, stats_key
 from specroute.v1 import engine_pb2
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
@@ -24,14 +25,19 @@ from tests.router.fake_engine import FakeConfig
 pytestmark = [pytest.mark.timeout(120)]
 
 
+def context_of(body: ChatCompletionRequest | CompletionRequest) -> RequestContext:
+    texts = body.prompt_texts()
+    return request_context(texts, body.temperature, sum(len(t.encode()) for t in texts))
+
+
 def test_generate_request_context_round_trip() -> None:
     body = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "Решите уравнение x + 2 = 5"}], "temperature": 0})
     ctx = context_of(body)
     assert ctx == RequestContext("", "cyrillic", "0", "short")
-    req = generate_request(body, "rid", "math", ctx.with_domain("math").key)
+    req = generate_request(body, "rid", Decision("mtp", "math", "default", context=ctx.with_domain("math")))
     wire = engine_pb2.GenerateRequest.FromString(req.SerializeToString())
-    assert (wire.domain, wire.context) == ("math", "d=math|s=cyrillic|t=0|l=short")
+    assert (wire.domain, wire.context, wire.temperature_bucket) == ("math", "d=math|s=cyrillic|t=0|l=short", "0")
     # an old gateway's request (no field 11) reads as no context
     old = engine_pb2.GenerateRequest(request_id="r", domain="code")
     assert engine_pb2.GenerateRequest.FromString(old.SerializeToString()).context == ""
@@ -43,8 +49,8 @@ def test_generate_request_context_round_trip() -> None:
 def test_gateway_feedback_record_carries_the_context() -> None:
     from router.api.openai_wire import Collected
 
-    d = Decision("dfly", "code", "default", context="d=code|s=latin|t=0|l=short")
-    rec = feedback_record(d, "dfly", Collected(0.01), 0.1)
+    d = Decision("dfly", "code", "default", context=RequestContext("code", "latin", "0", "short"))
+    rec = gateway_record(d, "dfly", Collected(0.01), 0.1)
     assert rec.context == "d=code|s=latin|t=0|l=short" and rec.domain == "code"
 
 
@@ -165,10 +171,10 @@ async def test_code_at_t0_and_t1_learn_different_pools(redis_url: str) -> None:
         sent = es[1].servicer.requests[-1]
         assert (sent.domain, sent.context) == ("code", "d=code|s=latin|t=high|l=short")
         r = redis.Redis.from_url(redis_url)
-        assert float(r.hget(context_stats_key("d=code|t=high", "dfly"), "n") or 0) >= 19
-        assert float(r.hget(global_stats_key("ar"), "n") or 0) >= 19
+        assert float(r.hget(stats_key("d=code|t=high", "dfly"), "n") or 0) >= 19
+        assert float(r.hget(stats_key(GLOBAL_LEVEL, "ar"), "n") or 0) >= 19
         assert r.zscore(CONTEXT_INDEX, "d=code|s=latin|t=0|l=short:dfly") is not None
-        assert float(r.hget("specroute:stats:code:dfly", "n") or 0) >= 39
+        assert float(r.hget(stats_key("code", "dfly"), "n") or 0) >= 39
         snap = gw.snapshot
         assert ("d=code|t=high", "dfly") in snap.cells and ("code", "dfly") in snap.stats
         assert not any("|" in d for d, _ in snap.stats)  # the dashboard's cells stay per domain

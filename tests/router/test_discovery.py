@@ -1,4 +1,4 @@
-"""Per-pod balancing from DNS (router/discovery.py): a pool member `dns:///NAME:PORT` becomes one
+"""Per-pod balancing from DNS (router/workers/discovery.py): a pool member `dns:///NAME:PORT` becomes one
 endpoint per address NAME resolves to, re-resolved while the gateway runs.
 
 Real parts: every "pod" is a fake engine worker (tests/router/fake_engine.py) on its own loopback
@@ -16,10 +16,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import router.discovery as discovery
-from router.discovery import DnsDiscovery, DnsTarget, endpoint_address, parse_dns, system_resolver
-from router.pools import PoolManager
+import router.workers.discovery as discovery
 from router.settings import parse_pools
+from router.workers.discovery import DnsDiscovery, DnsTarget, endpoint_address, parse_dns, system_resolver
+from router.workers.pools import PoolManager
 from specroute.v1 import engine_pb2_grpc
 from tests.router.conftest import ADMIN, running_app, settings_for
 from tests.router.fake_engine import FakeConfig, FakeEngine

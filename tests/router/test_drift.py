@@ -1,4 +1,4 @@
-"""Change detection on the learned statistics (router/drift.py), directly: a drafter that goes bad is
+"""Change detection on the learned statistics (router/routing/drift.py), directly: a drafter that goes bad is
 judged on the evidence since the change (its contexts too) and the policy leaves it at once; the mark
 holds while traffic moves away and is lifted when the old evidence has decayed or agrees again."""
 
@@ -10,9 +10,10 @@ import random
 import httpx
 import pytest
 
-from router.drift import adjust, has_shifted, level_domain, split
-from router.estimate import Learning, PoolState
-from router.policy import Policy, decide, default_policy
+from router.routing.decide import decide
+from router.routing.drift import adjust, has_shifted, level_domain, split
+from router.routing.estimate import Learning, PoolState
+from router.routing.policy import Policy, default_policy
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext
 from specroute.contracts.feedback import CellStats
 from tests.router.conftest import ADMIN, engines, running_app, settings_for

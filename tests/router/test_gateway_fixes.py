@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
-from router.pools import Endpoint
-from router.request_id import MAX_CHARS, request_id
+from router.http.request_id import MAX_CHARS, request_id
+from router.workers.endpoint import Endpoint
 from specroute.contracts.feedback import FEEDBACK_STREAM
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig, FakeEngine
@@ -158,7 +158,7 @@ def test_half_open_breaker_lets_one_trial_through(monkeypatch: pytest.MonkeyPatc
 def test_pools_sharing_workers_balance_on_every_pools_requests() -> None:
     """Two pools over the same two multi-mode workers: a request of one pool goes to the worker the
     other pool has left idle, not to the one it is busy with (each pool's own count is 0 on both)."""
-    from router.pools import PoolManager
+    from router.workers.pools import PoolManager
 
     pm = PoolManager({"mtp": ["127.0.0.1:1", "127.0.0.1:2"], "dfly": ["127.0.0.1:1", "127.0.0.1:2"]},
                      modes={"mtp": "mtp", "dfly": "dfly"})

@@ -1,4 +1,4 @@
-"""router/http_guard.py through a real uvicorn server: half-sent headers or bodies get a 408 and the
+"""router/http/guard.py through a real uvicorn server: half-sent headers or bodies get a 408 and the
 connection closed within the read timeouts; connections over the cap get a 503 with Retry-After;
 well-behaved clients (including kept-alive connections) are not affected. The connection's cork:
 a response's head and body (a stream's first and last events) go out in one write."""
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from router.api.completions import serve
-from router.asgi import CORK
-from router.http_guard import CorkedTransport
+from router.http.asgi import CORK
+from router.http.guard import CorkedTransport
 from tests.router.conftest import engines, running_app, settings_for, sse_events, uvicorn_app
 from tests.router.fake_engine import FakeConfig
 

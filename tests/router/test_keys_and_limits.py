@@ -1,4 +1,4 @@
-"""Named API keys with limits (router/keys.py, router/ratelimit.py, router/key_store.py): per-key
+"""Named API keys with limits (router/keys/ring.py, router/keys/ratelimit.py, router/keys/store.py): per-key
 requests- and tokens-per-minute in Redis with 429 + Retry-After, fail-open when Redis is down, pool
 and domain allow-lists, key names in metrics and the access log, and the admin API to list and change
 keys (secrets never returned) with its audit log."""
@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, RateLimitError
 
-from router.keys import KeyLimits, StoredKey, build_ring, secret_hash
+from router.keys.ring import KeyLimits, StoredKey, build_ring, secret_hash
 from tests.redis_server import RedisServer
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig

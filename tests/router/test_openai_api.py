@@ -50,18 +50,22 @@ async def test_chat_completion_non_streaming(redis_url: str) -> None:
         assert req.sampling.temperature == 0 and req.max_tokens == 5 and req.domain == "chat" and req.pool == "mtp"
 
 
-async def test_non_streaming_asks_the_worker_to_coalesce(redis_url: str) -> None:
-    # new workers send the first chunk, then one final chunk; old ones (coalesce ignored) one per token
-    for honours in (True, False):
-        async with engines(FakeConfig(coalesce=honours)) as es, running_app(
+async def test_non_streaming_is_one_unary_call_or_a_coalesced_stream(redis_url: str) -> None:
+    # workers answer `Complete` (one message); a worker without it (UNIMPLEMENTED) is asked with a
+    # coalesced `Generate` from then on: the first chunk, then one final chunk (or one per token when
+    # it ignores `coalesce`, an older worker still)
+    for unary, honours in ((True, True), (False, True), (False, False)):
+        async with engines(FakeConfig(coalesce=honours, unary=unary)) as es, running_app(
             settings_for({"mtp": [es[0].address]}, redis_url)
         ) as client:
-            r = await client.post("/v1/chat/completions", json=CHAT)
-            assert r.status_code == 200, r.text
-            body = r.json()
-            assert body["choices"][0]["message"]["content"] == "Hello from the fake engine"
-            assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+            for _ in range(2):
+                r = await client.post("/v1/chat/completions", json=CHAT)
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert body["choices"][0]["message"]["content"] == "Hello from the fake engine"
+                assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
             assert es[0].servicer.requests[-1].coalesce
+            assert es[0].servicer.unary_calls == (2 if unary else 1)   # asked once, then remembered
             r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
             text = "".join(c["choices"][0]["delta"].get("content", "") for c in sse_events(r.text)[:-1] if c["choices"])
             assert text == "Hello from the fake engine" and not es[0].servicer.requests[-1].coalesce

@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from router.api import openai_wire as wire
-from router.errors import APIError, from_store, from_upstream
-from router.policy import Decision
-from router.schemas import ChatCompletionRequest, CompletionRequest
-from router.store import StoreNotConfigured, StoreUnavailable, VersionConflict
-from router.upstream import DeadlineExceeded, NoWorker, WorkerRejected
-from router.views import routing_shares
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.http.errors import APIError, from_store, from_upstream
+from router.observability.views import routing_shares
+from router.routing.decide import Decision
+from router.state.store import StoreNotConfigured, StoreUnavailable, VersionConflict
+from router.workers.upstream import DeadlineExceeded, NoWorker, WorkerRejected
 from specroute.v1 import engine_pb2
 
 D = Decision("mtp", "chat", "default")
@@ -28,13 +28,13 @@ def test_generate_request_and_classifier_input() -> None:
     body = ChatCompletionRequest.model_validate({
         "model": "m", "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
         "max_completion_tokens": 7, "seed": 3, "stop": "x", "stream": True})
-    req = wire.generate_request(body, "rid", "chat")
+    req = wire.generate_request(body, "rid", D)
     assert [(m.role, m.content) for m in req.messages] == [("system", "be brief"), ("user", "hi")]
     assert (req.request_id, req.domain, req.max_tokens, list(req.stop), req.coalesce) == ("rid", "chat", 7, ["x"], False)
     assert req.sampling.has_seed and req.sampling.seed == 3 and req.sampling.temperature == 1.0
     assert wire.classifier_input(body) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     comp = CompletionRequest.model_validate({"model": "m", "prompt": ["p"], "temperature": 0})
-    req = wire.generate_request(comp, "rid", "code")
+    req = wire.generate_request(comp, "rid", Decision("dfly", "code", "default"))
     assert req.prompt == "p" and req.coalesce and req.sampling.temperature == 0.0 and not req.sampling.has_seed
     assert wire.classifier_input(comp) == [{"role": "user", "content": "p"}]
 
@@ -50,7 +50,7 @@ def test_collected_spec_object_and_feedback() -> None:
     assert spec == {"domain": "chat", "pool": "dfly", "reason": "fallback", "drafted_tokens": 6,
                     "accepted_tokens": 3, "steps": 2, "mean_accepted_length": 2.5,
                     "steps_by_drafter": {"mtp": 1, "plain": 1}}
-    rec = wire.feedback_record(D, "mtp", col, worker_s=0.05)
+    rec = wire.gateway_record(D, "mtp", col, worker_s=0.05)
     assert (rec.tokens, rec.drafted, rec.accepted, rec.steps, rec.engine) == (2, 6, 3, 2, "gateway")
     assert rec.wall_ms == pytest.approx(50.0) and rec.ttft_ms == pytest.approx(10.0)
     assert wire.spec_object(D, "mtp", wire.Collected())["mean_accepted_length"] is None

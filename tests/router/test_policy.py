@@ -9,14 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from router.policy import (
+from router.routing.decide import decide
+from router.routing.estimate import PoolState, expected_goodput
+from router.routing.policy import (
     Canary,
     Policy,
-    PoolState,
-    decide,
     default_policy,
     diff_policies,
-    expected_goodput,
     fallback_order,
     policy_warnings,
 )

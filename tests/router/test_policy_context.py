@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.estimate import Learning, PoolState, goodput, shrink
-from router.policy import Policy, decide, default_policy
+from router.routing.decide import decide
+from router.routing.estimate import Learning, PoolState, goodput, shrink
+from router.routing.policy import Policy, default_policy
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext
 from specroute.contracts.feedback import CellStats
 
@@ -63,10 +64,10 @@ def domain_stats() -> dict[tuple[str, str], CellStats]:
 
 def test_decision_carries_the_context_key() -> None:
     d = decide(CODE, 0.1, {}, idle(), pol(), random.Random(0), T0)
-    assert (d.pool, d.reason, d.context) == ("dfly", "default", "d=code|s=latin|t=0|l=short")
-    assert decide(CODE, 0.1, {}, idle(), pol(), random.Random(0)).context == ""
+    assert (d.pool, d.reason, d.context.key) == ("dfly", "default", "d=code|s=latin|t=0|l=short")
+    assert decide(CODE, 0.1, {}, idle(), pol(), random.Random(0)).context.key == ""
     # an unclassified request has no domain and so no context
-    assert decide({}, 1.0, {}, idle(), pol(), random.Random(0), T0).context == ""
+    assert decide({}, 1.0, {}, idle(), pol(), random.Random(0), T0).context.key == ""
 
 
 def test_sparse_context_follows_the_domain() -> None:
@@ -218,7 +219,7 @@ def test_operator_overrides_beat_context_learning() -> None:
              ("d=code|t=high", "ar"): ar_cell(60)}
     rng = random.Random(0)
     d = decide(CODE, 0.1, stats, idle(), pol(pins={"code": "dfly"}), rng, T1)
-    assert (d.pool, d.reason, d.context) == ("dfly", "pin", "d=code|s=latin|t=high|l=short")
+    assert (d.pool, d.reason, d.context.key) == ("dfly", "pin", "d=code|s=latin|t=high|l=short")
     assert decide(CODE, 0.9, stats, idle(), pol(), rng, T1).reason == "uncertain"
     d = decide(CODE, 0.1, stats, idle(), pol(drained=["ar"]), rng, T1)
     assert d.pool != "ar"
@@ -268,7 +269,7 @@ def test_decide_total_with_contexts(seed: int, temp: str, script: str, n: tuple[
                           draft_now=draft_now) for p, h in zip(POOLS, healthy, strict=True)}
     d = decide(CODE, 0.1, stats, pools, pol(mean=False, exploration_rate=0.1), random.Random(seed), ctx)
     if any(healthy):
-        assert d.pool is not None and pools[d.pool].healthy and d.context == key
+        assert d.pool is not None and pools[d.pool].healthy and d.context.key == key
     else:
         assert d.pool is None
     assert all(v >= 0 for v in d.scores.values())

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from router.policy import Policy, PoolState, default_policy
 from router.readiness import assess, domain_pools, routable, unservable
+from router.routing.estimate import PoolState
+from router.routing.policy import Policy, default_policy
 
 UP, DOWN = PoolState(healthy=True, endpoints=1), PoolState(healthy=False)
 POLICY = default_policy(["mtp", "dfly"])

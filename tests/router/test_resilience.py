@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 
-from router.http_guard import uvicorn_options
+from router.http.guard import uvicorn_options
 from router.settings import token_name
 from specroute.contracts.limits import MAX_STOP_CHARS, prompt_byte_limit
 from tests.redis_server import free_port
@@ -153,7 +153,7 @@ async def test_policy_that_serves_nothing_is_refused_unless_forced(redis_url: st
 
 
 async def test_policy_size_is_capped(redis_url: str) -> None:
-    from router.policy import MAX_DOMAINS, MAX_POOLS
+    from router.routing.policy import MAX_DOMAINS, MAX_POOLS
 
     async with engines(FakeConfig()) as es, running_app(settings_for({"mtp": [es[0].address]}, redis_url)) as c:
         doc, etag = await _policy(c)

@@ -65,14 +65,14 @@ async def test_lifespan_exit_survives_a_swallowed_cancellation(redis_url: str) -
             gw = c.app.state.gateway  # type: ignore[attr-defined]
             orig_pull = gw.store.pull
 
-            async def lossy_pull(cells: Any) -> Any:
+            async def lossy_pull() -> Any:
                 nonlocal calls
                 calls += 1
                 entered.set()
                 # the cancellation is lost here, as in asyncio.wait_for on Python 3.11
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(3600)
-                return await orig_pull(cells)
+                return await orig_pull()
 
             gw.store.pull = lossy_pull
             await asyncio.wait_for(entered.wait(), 5)

@@ -1,4 +1,4 @@
-"""The dashboard's time series (router/timeseries.py): the pure merge of samples, and every gateway
+"""The dashboard's time series (router/observability/timeseries.py): the pure merge of samples, and every gateway
 replica serving the same picture from Redis."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from router.timeseries import BUCKETS_MS, SeriesSampler, aggregate, percentile
+from router.observability.timeseries import BUCKETS_MS, SeriesSampler, aggregate, percentile
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
 

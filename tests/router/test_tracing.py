@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (router/tracing.py): one trace per request with classify, decide and upstream
+"""OpenTelemetry traces (router/observability/tracing.py): one trace per request with classify, decide and upstream
 spans and the decision as attributes; the trace context reaches the worker as gRPC metadata; a
 client's traceparent is continued; nothing is traced (or sent) when tracing is off; without an
 exporter nothing is recorded, but the context still reaches the worker."""
@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from router.cli import build_parser, settings_from_args
-from router.tracing import RequestTrace, make_tracing, traceparent
+from router.observability.tracing import RequestTrace, make_tracing, traceparent
 from tests.router.conftest import engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
 

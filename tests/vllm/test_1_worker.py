@@ -20,7 +20,7 @@ from engines.generate import ar_generate
 from engines.model import load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
-from specroute.contracts.feedback import FEEDBACK_STREAM
+from specroute.contracts.feedback import FEEDBACK_STREAM, stats_key
 from specroute.v1 import engine_pb2 as pb
 from specroute.v1 import engine_pb2_grpc as pb_grpc
 from tests.lossless import assert_lossless
@@ -99,9 +99,9 @@ def test_feedback_and_metrics_in_our_shapes(stub, vllm_worker: VllmWorker) -> No
     r = redis.Redis.from_url(vllm_worker.redis_url, decode_responses=True)
     generate(stub, "Write a Python function that returns the sum of a list.", "code")
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not r.exists("specroute:stats:code:vllm"):
+    while time.monotonic() < deadline and not r.exists(stats_key("code", "vllm")):
         time.sleep(0.1)
-    cell = r.hgetall("specroute:stats:code:vllm")
+    cell = r.hgetall(stats_key("code", "vllm"))
     assert float(cell["n"]) >= 1 and float(cell["steps"]) > 0 and float(cell["drafted"]) > 0
     records = [f for _, f in r.xrange(FEEDBACK_STREAM)]
     assert records and all(rec["pool"] == "vllm" and rec["engine"] == "vllm" for rec in records)

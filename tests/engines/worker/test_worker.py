@@ -16,6 +16,7 @@ from engines.generate import ar_generate
 from engines.model import load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
+from specroute.contracts.feedback import stats_key
 from specroute.v1 import engine_pb2 as pb
 from tests.redis_server import RedisServer, free_port
 
@@ -143,7 +144,7 @@ def test_feedback_reaches_redis(ar_worker, redis_srv):
     entry = r.xrevrange("specroute:feedback", count=1)[0][1]
     assert entry[b"pool"] == b"ar-pool" and entry[b"domain"] == b"math" and entry[b"request_id"] == b"req-fb"
     assert int(entry[b"tokens"]) == chunks[-1].completion_tokens
-    stats = r.hgetall("specroute:stats:math:ar-pool")
+    stats = r.hgetall(stats_key("math", "ar-pool"))
     assert float(stats[b"n"]) >= 1 and float(stats[b"tokens"]) >= 1
 
 

@@ -1,0 +1,173 @@
+"""OpenAI request bodies (the subset we serve) as pydantic models.
+
+Unknown OpenAI parameters are accepted and ignored (like vLLM); parameters we cannot honour
+(`n > 1`, `logprobs`, tools, token-id prompts, ...) are rejected with a 400 by `check_supported`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from router.http.errors import APIError
+from specroute.contracts.limits import MAX_STOP_CHARS
+
+INT32_MAX = 2**31 - 1
+INT64 = 2**63
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1, le=128)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
+    user: str | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    best_of: int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list):
+            if len(v) > 4:
+                raise ValueError("at most 4 stop sequences")
+            if any(not s for s in v):
+                raise ValueError("stop sequences must be non-empty")
+        for s in [v] if isinstance(v, str) else v or ():
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"each stop sequence must be at most {MAX_STOP_CHARS} characters")
+            if "\x00" in s:
+                raise ValueError("stop sequences must not contain null bytes")
+        return v
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None or self.stop == "":
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def common_checks(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
+        if self.best_of is not None and self.best_of != 1:
+            raise APIError(400, "only best_of=1 is supported", param="best_of", code="unsupported_parameter")
+        if self.logprobs not in (None, False, 0) or self.top_logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options",
+                           code="invalid_value")
+
+
+def reject_null_bytes(text: str, param: str) -> None:
+    """A prompt must not contain NUL characters (they are no text, and tokenizers disagree about them)."""
+    if "\x00" in text:
+        raise APIError(400, f"{param} must not contain null bytes (\\u0000)", param=param, code="invalid_value")
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    functions: list[dict[str, Any]] | None = None  # the legacy form of `tools`: refused the same way
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def check_supported(self) -> None:
+        self.common_checks()
+        if self.tools:
+            raise APIError(400, "tools are not supported", param="tools", code="unsupported_parameter")
+        if self.functions or self.function_call not in (None, "none"):
+            param = "functions" if self.functions else "function_call"
+            raise APIError(400, "functions (the legacy form of tools) are not supported", param=param,
+                           code="unsupported_parameter")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError(400, "only response_format type 'text' is supported", param="response_format",
+                           code="unsupported_parameter")
+        for i, m in enumerate(self.messages):
+            if m.role == "tool":
+                raise APIError(400, "tool messages are not supported", param=f"messages.{i}.role",
+                               code="unsupported_parameter")
+            reject_null_bytes(m.text(), f"messages.{i}.content")
+        if not any(m.role == "user" for m in self.messages) and not any(m.text() for m in self.messages):
+            raise APIError(400, "messages must contain some text", param="messages", code="invalid_value")
+
+    def wire_messages(self) -> list[tuple[str, str]]:
+        return [("system" if m.role == "developer" else m.role, m.text()) for m in self.messages]
+
+    def prompt_texts(self) -> list[str]:
+        """What the prompt is made of (for the size bound before tokenizing)."""
+        return [m.text() for m in self.messages]
+
+    prompt_param: ClassVar[str] = "messages"
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool | None = False
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        self.common_checks()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise APIError(400, "exactly one prompt per request is supported", param="prompt",
+                           code="unsupported_parameter")
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix", code="unsupported_parameter")
+        if not self.prompt_text():
+            raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+        reject_null_bytes(self.prompt_text(), "prompt")
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def prompt_texts(self) -> list[str]:
+        return [self.prompt_text()]
+
+    prompt_param: ClassVar[str] = "prompt"
