@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
+.PHONY: install install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -45,8 +45,22 @@ install-vllm: $(VLLM_STAMP)
 run: install
 	$(BIN)/specroute serve --model models/demo
 
+# What `make test` needs beside Python 3.11: redis-server (the tests start their own), and Debian's chromium
+# for the dashboard's browser tests, installed here with apt-get when running as root (as .ci/run does);
+# otherwise one line says what to install.
+prereqs:
+	@command -v redis-server >/dev/null || { echo "make test: redis-server is missing: install it (apt-get install -y redis-server)" >&2; exit 1; }
+	@if [ -z "$${SPECROUTE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make test: installing chromium for the dashboard's browser tests (apt-get)"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || exit 1; \
+	  else \
+	    echo "make test: chromium is missing for the dashboard's browser tests: install it (apt-get install -y chromium, as root) or set SPECROUTE_CHROMIUM=/path/to/chromium" >&2; exit 1; \
+	  fi; \
+	fi
+
 # .venv-vllm installs (minutes of unpacking) while the main suite runs; its tests run after both
-test: install
+test: prereqs install
 	@$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm_pid=$$!; \
 	$(BIN)/ruff check . && \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm $(PYTEST_ARGS); rc=$$?; \
