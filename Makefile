@@ -76,8 +76,19 @@ test-vllm: install-vllm
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow" --ignore=tests/vllm $(PYTEST_ARGS)
 
+# every benchmark the README cites (hours on two cores), then its figures regenerated from the results
 bench: install
-	$(BIN)/specroute bench engine --engines ar --out bench/results/
+	$(BIN)/specroute bench acceptance --prompts 12 --max-tokens 64 --threads 1 --out bench/results/
+	$(BIN)/specroute bench engine --engines "ar mtp dflash dfly dfly+dcut" --concurrency 1,4,8,16,32 --max-tokens 64 --threads 1 --out bench/results/
+	$(BIN)/specroute bench routing --repeats 3 --requests-per-scenario 150 --out bench/results/
+	$(BIN)/specroute bench gateway --concurrency 1,16 --rounds 3 --out bench/results/
+	$(BIN)/specroute classifier cv --out bench/results/classifier-cv.json
+	$(BIN)/specroute classifier eval --data ../shared/data/prompts --out bench/results/classifier-eval.json
+	$(MAKE) --no-print-directory bench-report
+
+# the README's figure blocks, docs/results.md and bench/results/manifest.json, from bench/results
+bench-report: install
+	$(BIN)/specroute bench report
 
 # vLLM (ngram speculation, on this CPU) beside our AR engine: bench/results/engine-vllm.json
 bench-vllm: install-vllm
