@@ -77,7 +77,7 @@ def pct(x: float, digits: int = 1) -> str:
 def interval(iv: dict[str, Any]) -> str:
     """The mean of the per-round ratios with its bootstrap 95% interval."""
     lo, hi = iv["ci95"]
-    return f"{pct(iv['mean'])} (95% CI {pct(lo)}..{pct(hi)}, {iv['rounds']} rounds)"
+    return f"{pct(iv['mean'])} (95% CI {pct(lo)}..{pct(hi)}; median {pct(iv['median'])}, {iv['rounds']} rounds)"
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, Any]:
@@ -281,9 +281,9 @@ def block_classifier(ctx: Ctx) -> list[str]:
     if scr:
         out.append("- Scripts held out whole (grouped): " + ", ".join(
             f"{s} {v['accuracy']:.2f} (n={v['n']})" for s, v in sorted(scr.items())) + " accuracy.")
-    eces = [v for k, v in res.items() if not k.endswith("_ungrouped") for v in [v["ece"]]]
-    out.append(f"- ECE target <= 0.05 (nested, grouped): {'met' if all(e <= 0.05 for e in eces) else 'not met'} "
-               f"({', '.join(f'{e:.3f}' for e in eces)}).")
+    eces = {names[k]: v["ece"] for k, v in res.items() if k in names}
+    out.append("- ECE target <= 0.05 (grouped, nested): " + "; ".join(
+        f"{label} {e:.3f} {'met' if e <= 0.05 else 'not met'}" for label, e in eces.items()) + ".")
     lso, llo = old["leave_one_source_out"], old["leave_one_language_out"]
     out.append(f"- The shipped artifact's training report (`classifier.json`, ungrouped, pooled temperature): "
                f"leave one source out macro-F1 {lso['macro_f1']:.3f}, ECE {lso['ece']:.3f}; leave one language "
@@ -504,10 +504,11 @@ def generate(root: Path = REPO) -> list[Path]:
     path = results / "manifest.json"
     manifest = json.loads(path.read_text()) if path.is_file() else {"files": {}}
     manifest = refresh_manifest(root, manifest)
-    path.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     ctx = Ctx(root, manifest)
     readme = root / "README.md"
     readme.write_text(fill_blocks(readme.read_text(), ctx))
+    manifest = refresh_manifest(root, manifest)   # cited_by as the README now stands
+    path.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     docs = root / "docs" / "results.md"
     docs.write_text(render_docs(ctx))
     return [path, readme, docs]

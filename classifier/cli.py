@@ -335,7 +335,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-
 CV_SCHEMES = {"source": "leave_one_source_out", "language": "leave_one_language_out", "script": "leave_one_script_out"}
 CV_TARGETS = {"source": ("macro_f1", ">=", 0.95), "language": ("macro_f1", ">=", 0.90)}
 

@@ -260,3 +260,33 @@ def test_bench_routing_smoke(tmp_path):
                                                                           for k in (1, 2)}
     logs = (out / "tmp" / "routing-logs" / "worker-dfly-0.log").read_text()
     assert "drafter degraded" in logs and "drafter restored" in logs
+
+
+def test_restart_workers_gives_each_arm_processes_of_its_own(tmp_path, monkeypatch):
+    """`System.restart_workers`: the arm's old worker processes are stopped and new ones started (new
+    pids), so no D-Cut or step-cost state carries over from the arm before. Worker processes here are
+    stand-ins (a sleeping Python), their readiness check a stub: what is tested is the bookkeeping."""
+    import subprocess
+    import sys
+
+    from bench import routing_system
+
+    monkeypatch.setattr(routing_system, "grpc_serving", lambda addr: True)
+
+    def start(self, key):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return key, proc, f"127.0.0.1:{1000 + len(self.workers)}", tmp_path / "w.log"
+
+    monkeypatch.setattr(routing_system.System, "_start_worker", start)
+    system = routing_system.System(tmp_path, tmp_path / "logs", 0.0, 0)
+    try:
+        keys = [("mtp", 0), ("mtp", 1)]
+        first = system.restart_workers(keys)
+        old = [system.workers[k][0] for k in keys]
+        second = system.restart_workers(keys)
+        assert set(first) == set(second) == {"mtp#0", "mtp#1"}
+        assert not set(first.values()) & set(second.values())
+        assert all(p.poll() is not None for p in old)   # the previous arm's processes are gone
+        assert all(system.workers[k][0].poll() is None for k in keys)
+    finally:
+        system.close()
