@@ -397,6 +397,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
             }
             log(f"  {name}: macro_f1={nested['macro_f1']:.4f} accuracy={nested['accuracy']:.4f} "
                 f"ece nested={nested['ece']:.4f} pooled={pooled['ece']:.4f}")
+            _write_json(args.out, {**out, "partial": True})   # each scheme as it finishes
     res = out["results"]
     acceptance: dict[str, Any] = {}
     for scheme, (metric, op, target) in CV_TARGETS.items():

@@ -25,8 +25,7 @@ def _copy(tmp: Path) -> Path:
         shutil.copy(REPO / rel, root / rel)
     shutil.copytree(REPO / "bench" / "results", root / "bench" / "results",
                     ignore=shutil.ignore_patterns(*report.UNTRACKED))
-    assert report.check(root) == []
-    return root
+    return root   # a faithful copy: test_readme_docs_and_manifest_agree_with_bench_results checks the original
 
 
 def test_check_catches_a_figure_edited_by_hand(tmp_path: Path) -> None:
