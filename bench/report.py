@@ -284,10 +284,18 @@ def block_classifier(ctx: Ctx) -> list[str]:
     eces = {names[k]: v["ece"] for k, v in res.items() if k in names}
     out.append("- ECE target <= 0.05 (grouped, nested): " + "; ".join(
         f"{label} {e:.3f} {'met' if e <= 0.05 else 'not met'}" for label, e in eces.items()) + ".")
+    before = ctx.load("classifier-cv-with-ascii-shares.json")["results"]
+    dropped = ", ".join(f"`{n}`" for n in cv["config"].get("drop_dense", [])) or "none"
+    out.append(f"- Features left out of the regression (script-dependent, `TrainConfig.drop_dense`): {dropped}. "
+               "With them (the previous artifact, `classifier-cv-with-ascii-shares.json`): grouped "
+               + ", ".join(f"{names[k]} {before[k]['macro_f1']:.3f}" for k in names if k in before)
+               + "; ungrouped " + ", ".join(f"{names[k]} {before[k + '_ungrouped']['macro_f1']:.3f}" for k in names
+                                            if k + "_ungrouped" in before) + " macro-F1.")
     lso, llo = old["leave_one_source_out"], old["leave_one_language_out"]
-    out.append(f"- The shipped artifact's training report (`classifier.json`, ungrouped, pooled temperature): "
-               f"leave one source out macro-F1 {lso['macro_f1']:.3f}, ECE {lso['ece']:.3f}; leave one language "
-               f"out {llo['macro_f1']:.3f}, ECE {llo['ece']:.3f}.")
+    out.append(f"- The shipped artifact's own training run (`classifier.json`, "
+               f"{old['training'].get('temperature_fitted_on', '')}): leave one source out macro-F1 "
+               f"{lso['macro_f1']:.3f}, ECE {lso['ece']:.3f}; leave one language out {llo['macro_f1']:.3f}, "
+               f"ECE {llo['ece']:.3f}; temperature {old['training']['temperature']:.3f}.")
     lat = ev["latency_us"]
     out.append(f"- Latency (`classifier-eval.json`, thread CPU, pinned to one CPU, load {lat['loadavg_1m']}): p99 "
                f"{lat['cpu_p99']:.1f} us per request up to 4 KB ({lat['cpu_p99_non_english']:.1f} us non-English), "

@@ -275,6 +275,22 @@ def test_numpy_scoring_matches_the_training_model(tiny_prompts: Path):
         assert np.allclose([got["chat"], got["code"], got["math"]], ref[i], atol=1e-7)
 
 
+def test_dropped_dense_features_get_no_weight(tiny_prompts: Path):
+    """`TrainConfig.drop_dense`: the script-dependent ASCII shares carry no weight in the shipped config,
+    and a feature the config keeps does."""
+    from classifier import features as F
+
+    examples, _ = read_prompt_dir(tiny_prompts)
+    m = T.featurise(examples)
+    cfg = T.TrainConfig()
+    assert set(cfg.drop_dense) == {"share_upper", "share_lower", "share_non_ascii"}
+    fitted = T.fit(examples, m, np.arange(len(examples)), cfg)
+    cols = [F.DENSE_NAMES.index(n) for n in cfg.drop_dense]
+    assert np.all(fitted.w_dense[:, cols] == 0.0)
+    kept = T.fit(examples, m, np.arange(len(examples)), T.TrainConfig(drop_dense=()))
+    assert np.any(kept.w_dense[:, cols] != 0.0)
+
+
 def _english_ids(folder: Path) -> set[str]:
     ids = set()
     for file in folder.glob("*.jsonl"):
