@@ -281,7 +281,7 @@ def block_classifier(ctx: Ctx) -> list[str]:
     if scr:
         out.append("- Scripts held out whole (grouped): " + ", ".join(
             f"{s} {v['accuracy']:.2f} (n={v['n']})" for s, v in sorted(scr.items())) + " accuracy.")
-    eces = {names[k]: v["ece"] for k, v in res.items() if k in names}
+    eces = {label: res[k]["ece"] for k, label in names.items() if k in res}
     out.append("- ECE target <= 0.05 (grouped, nested): " + "; ".join(
         f"{label} {e:.3f} {'met' if e <= 0.05 else 'not met'}" for label, e in eces.items()) + ".")
     before = ctx.load("classifier-cv-with-ascii-shares.json")["results"]
@@ -292,10 +292,10 @@ def block_classifier(ctx: Ctx) -> list[str]:
                + "; ungrouped " + ", ".join(f"{names[k]} {before[k + '_ungrouped']['macro_f1']:.3f}" for k in names
                                             if k + "_ungrouped" in before) + " macro-F1.")
     lso, llo = old["leave_one_source_out"], old["leave_one_language_out"]
-    out.append(f"- The shipped artifact's own training run (`classifier.json`, "
-               f"{old['training'].get('temperature_fitted_on', '')}): leave one source out macro-F1 "
-               f"{lso['macro_f1']:.3f}, ECE {lso['ece']:.3f}; leave one language out {llo['macro_f1']:.3f}, "
-               f"ECE {llo['ece']:.3f}; temperature {old['training']['temperature']:.3f}.")
+    out.append(f"- The shipped artifact's own training run (`classifier.json`, the same grouped folds and nested "
+               f"calibration): leave one source out macro-F1 {lso['macro_f1']:.3f}, ECE {lso['ece']:.3f}; leave one "
+               f"language out {llo['macro_f1']:.3f}, ECE {llo['ece']:.3f}. The artifact's one temperature "
+               f"({old['training']['temperature']:.3f}) is fitted on the pooled out-of-fold logits of both.")
     lat = ev["latency_us"]
     out.append(f"- Latency (`classifier-eval.json`, thread CPU, pinned to one CPU, load {lat['loadavg_1m']}): p99 "
                f"{lat['cpu_p99']:.1f} us per request up to 4 KB ({lat['cpu_p99_non_english']:.1f} us non-English), "
