@@ -22,14 +22,14 @@ every `--concurrency` level (S5 at its own levels): one cell per (scenario, leve
 once per cell from held-out prompts and replayed identically to every arm.
 
 Cells run one after another, each cell's arms back to back (a fresh gateway and fresh worker processes
-per arm and round, unless `--shared-workers`; the arm order rotated from cell to cell), so the arms a cell compares run minutes apart on a machine whose speed
-drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
+per arm and round, unless `--shared-workers`; the arm order rotated from cell to cell), so the arms a
+cell compares run minutes apart on a machine whose speed drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
 requests of the cell's first phase let learning (and the workers' caches) warm up, then the trace runs
 closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean
 accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
 requests until 90% of the affected traffic (classes whose better pool changed with the change) is on
-the better pool (by the router's label, and by the
-drafter that served most of each request's steps: bench/routing_metrics.py), whether
+the better pool (by the router's label, and by the drafter that served most of each request's steps:
+bench/routing_metrics.py), whether
 T=0 outputs are identical across arms, suite totals, and the routing ceiling: how far above the best
 single-pool fleet a router sending each class, or each request, to its fastest fleet could get, per
 cell and over the suite (bench/routing_ceiling.py). `--repeats N` runs every cell's arms N rounds
