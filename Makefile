@@ -17,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install import install-vllm run test test-fast test-vllm bench bench-vllm chaos lint proto chart manifest clean
+.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -54,8 +54,22 @@ import: $(STAMP)
 run: install import
 	$(BIN)/specroute serve --model $(MODEL)
 
+# What `make test` needs beside Python 3.11: redis-server (the tests start their own), and Debian's chromium
+# for the dashboard's browser tests, installed here with apt-get when running as root (as .ci/run does);
+# otherwise one line says what to install.
+prereqs:
+	@command -v redis-server >/dev/null || { echo "make test: redis-server is missing: install it (apt-get install -y redis-server)" >&2; exit 1; }
+	@if [ -z "$${SPECROUTE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make test: installing chromium for the dashboard's browser tests (apt-get)"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || exit 1; \
+	  else \
+	    echo "make test: chromium is missing for the dashboard's browser tests: install it (apt-get install -y chromium, as root) or set SPECROUTE_CHROMIUM=/path/to/chromium" >&2; exit 1; \
+	  fi; \
+	fi
+
 # .venv-vllm installs (minutes of unpacking) while the main suite runs; its tests run after both
-test: install
+test: prereqs install
 	@$(MAKE) --no-print-directory install-vllm > $(VENV)/install-vllm.log 2>&1 & vllm_pid=$$!; \
 	$(BIN)/ruff check . && \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm $(PYTEST_ARGS); rc=$$?; \
@@ -71,8 +85,19 @@ test-vllm: install-vllm
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow" --ignore=tests/vllm $(PYTEST_ARGS)
 
+# every benchmark the README cites (hours on two cores), then its figures regenerated from the results
 bench: install
-	$(BIN)/specroute bench engine --engines ar --out bench/results/
+	$(BIN)/specroute bench acceptance --prompts 12 --max-tokens 64 --threads 1 --out bench/results/
+	$(BIN)/specroute bench engine --engines "ar mtp dflash dfly dfly+dcut" --concurrency 1,4,8,16,32 --max-tokens 64 --threads 1 --out bench/results/
+	$(BIN)/specroute bench routing --repeats 3 --requests-per-scenario 150 --out bench/results/
+	$(BIN)/specroute bench gateway --concurrency 1,16 --rounds 3 --out bench/results/
+	$(BIN)/specroute classifier cv --out bench/results/classifier-cv.json
+	$(BIN)/specroute classifier eval --data ../shared/data/prompts --out bench/results/classifier-eval.json
+	$(MAKE) --no-print-directory bench-report
+
+# the README's figure blocks, docs/results.md and bench/results/manifest.json, from bench/results
+bench-report: install
+	$(BIN)/specroute bench report
 
 # vLLM (ngram speculation, on this CPU) beside our AR engine: bench/results/engine-vllm.json
 bench-vllm: install-vllm

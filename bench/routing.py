@@ -21,14 +21,15 @@ every `--concurrency` level (S5 at its own levels): one cell per (scenario, leve
 `--requests-per-scenario`, so that as many requests follow the change. Traces are built
 once per cell from held-out prompts and replayed identically to every arm.
 
-Cells run one after another, each cell's arms back to back (a fresh gateway per arm, the arm order
-rotated from cell to cell), so the arms a cell compares run minutes apart on a machine whose speed
-drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
+Cells run one after another, each cell's arms back to back (a fresh gateway and fresh worker processes
+per arm and round, unless `--shared-workers`; the arm order rotated from cell to cell), so the arms a
+cell compares run minutes apart on a machine whose speed drifts, not an hour. Per cell and arm: the statistics are deleted, `--warmup-requests` unmeasured
 requests of the cell's first phase let learning (and the workers' caches) warm up, then the trace runs
 closed-loop, one segment per phase. Reported: output tokens/s, TTFT and end-to-end p50/p99, mean
 accepted length, routing shares and goodput over time, regret against the best arm, for S3/S4 the
-requests until 90% of the affected traffic is on the better pool (by the router's label, and by the
-drafter that served most of each request's steps: bench/routing_metrics.py), whether
+requests until 90% of the affected traffic (classes whose better pool changed with the change) is on
+the better pool (by the router's label, and by the drafter that served most of each request's steps:
+bench/routing_metrics.py), whether
 T=0 outputs are identical across arms, suite totals, and the routing ceiling: how far above the best
 single-pool fleet a router sending each class, or each request, to its fastest fleet could get, per
 cell and over the suite (bench/routing_ceiling.py). `--repeats N` runs every cell's arms N rounds
@@ -67,7 +68,6 @@ from bench.routing_metrics import (
     ROUTED_ARMS,
     better_pools,
     better_servers,
-    default_pools,
     identity,
     median_round,
     paired_regret,
@@ -75,6 +75,7 @@ from bench.routing_metrics import (
     served_by,
     suite_totals,
     summarize,
+    switch_baseline,
     switch_point,
 )
 from bench.routing_metrics import time_series as series
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rounds per cell: every arm runs the cell's trace this many times, the arm order rotated "
                          "each round; an arm's tokens/s is its median round's, the suite counts every round")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared-workers", action="store_true",
+                    help="reuse the worker processes across arms (default: every arm and round starts its own "
+                         "workers, so no D-Cut or step-cost state carries over from another arm)")
     ap.add_argument("--log-dir", default=None, help="process logs (default <out>/tmp/routing-logs)")
     return ap
 
@@ -189,11 +193,12 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
     fleets = {a: [r for rs in rr for r in rs] for a, rr in rounds.items() if a in FLEET_POOLS}
     better = {ph: better_pools(fleets, ph) for ph in range(len(sc.phases))}
     change = 1 if len(sc.phases) > 1 and (name.startswith("S3") or sc.fault_at_phase is not None) else None
+    base: dict[str, str] = {}
     if change is not None:
         servers = better_servers(fleets, change, better[change])
+        base = switch_baseline(better, change)   # the best pool before the change, not the default policy's
         for arm in ROUTED_ARMS:
             if arm in rows:
-                base = default_pools(better[change])
                 arms[arm]["switch"] = switch_point(rows[arm], change, base, better[change], window)
                 arms[arm]["switch_by_drafter"] = switch_point(rows[arm], change, base, better[change], window,
                                                               on=served_by, targets=servers)
@@ -209,6 +214,7 @@ def analyse(name: str, sc: Scenario, conc: int, rounds: dict[str, list[list[dict
                         "non_english": ph.non_english, "concurrency": ph.concurrency or conc} for ph in sc.phases],
             "arms": arms, "regret": reg,
             "better_pools": {str(k): v for k, v in better.items()}, "ceiling": cell_ceiling(fleets),
+            **({"switch_baseline": base} if change is not None else {}),
             "t0_identity": identity(t0_texts, reference=next((a for a in t0_texts if a.split("#")[0] == "all-ar"), None))}
 
 
@@ -245,6 +251,7 @@ def main(argv: list[str]) -> int:
     system = System(model, log_dir, args.degrade_noise, args.seed)
     rows: dict[str, dict[str, list[list[dict[str, Any]]]]] = {name: {} for name, _, _ in cells}   # per round
     starts: dict[str, dict[str, list[list[float]]]] = {name: {} for name, _, _ in cells}
+    pids: dict[str, dict[str, list[dict[str, int]]]] = {name: {} for name, _, _ in cells}   # fresh workers per run
     try:
         system.start_redis()
         keys = list(dict.fromkeys(k for a in arm_names for ks in ARMS[a].pools.values() for k in ks))
@@ -258,6 +265,9 @@ def main(argv: list[str]) -> int:
                 off = (c + rnd) % len(arm_names)
                 for arm_name in arm_names[off:] + arm_names[:off]:
                     arm = ARMS[arm_name]
+                    if not args.shared_workers:
+                        own = list(dict.fromkeys(k for ks in arm.pools.values() for k in ks))
+                        pids[name].setdefault(arm_name, []).append(system.restart_workers(own))
                     system.start_gateway(arm)
                     t_c = time.perf_counter()
                     res, st = run_trace(system, arm, sc, warm, trace, args.max_tokens)
@@ -284,7 +294,8 @@ def main(argv: list[str]) -> int:
                  "cpu": cpu_name(), "cpu_count": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                  "machine": platform.machine(), "python": platform.python_version(), "time": t_start,
                  "wall_s": round(time.time() - t_start, 1), "data_dir": str(data_dir()),
-                 "heldout_prompts": len(prompts)},
+                 "heldout_prompts": len(prompts), "fresh_workers": not args.shared_workers,
+                 **({"worker_pids": pids} if not args.shared_workers else {})},
         "notes": [
             "prompts: the held-out split (specroute.contracts.split.is_heldout, 10% by id hash) of every source: "
             "the target, the drafters and the classifier's final model were all trained without them",
@@ -292,6 +303,9 @@ def main(argv: list[str]) -> int:
             "per cell and arm: statistics deleted, then --warmup-requests unmeasured requests of the first phase",
             "cell by cell: a cell's arms back to back, each on a fresh gateway, the arm order rotated per cell "
             "and per round",
+            "workers: " + ("shared across arms (--shared-workers): D-Cut and step-cost state carries over"
+                           if args.shared_workers else "every arm and round on worker processes started for it "
+                           "(meta.worker_pids: each run's pids, none reused)"),
             f"{args.repeats} round(s) per cell and arm: an arm's figures are its median round's (by output tokens/s); "
             "the suite totals count every round",
         ],

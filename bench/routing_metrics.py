@@ -13,8 +13,9 @@ the drafter that drafted them, or `plain`) and, at temperature 0, `text`.
   (all-MTP, all-DFly: the pools the routed arms choose between) whose requests of that class decoded
   faster (median of completion tokens / streaming time);
 - switch: after a change (S3's drift, S4's fault), the affected traffic is the classes whose better
-  pool (measured after the change) is not the one the built-in default policy sends them to
-  (`DEFAULT_POOLS`: chat -> mtp, code and math -> dfly), i.e. the traffic learning has to move; the
+  pool (measured after the change) is not the better pool measured before it (`switch_baseline`; a
+  class not seen before the change falls back to the built-in default policy's pool, `DEFAULT_POOLS`:
+  chat -> mtp, code and math -> dfly), i.e. the traffic the change asks the router to move; the
   switch point is the first affected request from which a window of `window` affected requests has at
   least 90% on the better pool (0: right away; None: never), counted in affected requests and in all
   requests since the change. A request is on the pool the router labelled it with (`pool`), or, for the
@@ -27,6 +28,7 @@ the drafter that drafted them, or `plain`) and, at temperature 0, `text`.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -199,6 +201,31 @@ def switch_point(rows: Sequence[Row], change_phase: int, baseline: Mapping[str, 
     return out
 
 
+def switch_baseline(better: Mapping[int, Mapping[str, str]], change_phase: int) -> dict[str, str]:
+    """class -> the pool a router should have used just before `change_phase`: the better pool measured
+    in the phase before the change, the default policy's pool for a class that phase did not have.
+    A switch is then a reaction to the change, not a departure from the default policy."""
+    after = better.get(change_phase, {})
+    before = better.get(change_phase - 1, {})
+    return {c: before.get(c, default_pools([c])[c]) for c in after}
+
+
+def paired_interval(ratios: Sequence[float], n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """A paired comparison from per-round relative differences (arm against reference, one value per
+    round: the arms of a round run back to back): their median and mean, and a percentile bootstrap
+    95% interval of the mean (rounds resampled with replacement; with few rounds it is wide, as it
+    should be). Deterministic for a seed."""
+    xs = [float(x) for x in ratios]
+    if not xs:
+        return {"rounds": 0, "median": None, "mean": None, "ci95": None}
+    rng = random.Random(seed)
+    n = len(xs)
+    means = sorted(sum(rng.choice(xs) for _ in range(n)) / n for _ in range(n_boot))
+    lo, hi = means[int(0.025 * (n_boot - 1))], means[int(0.975 * (n_boot - 1))]
+    return {"rounds": n, "median": round(statistics.median(xs), 4), "mean": round(sum(xs) / n, 4),
+            "ci95": [round(lo, 4), round(hi, 4)]}
+
+
 def median_round(tps: Sequence[float]) -> int:
     """The index of the median of rounds' tokens/s (the lower of the middle two for an even count)."""
     order = sorted(range(len(tps)), key=lambda i: (tps[i], i))
@@ -218,14 +245,17 @@ def regret(tps: Mapping[str, float]) -> dict[str, Any]:
 
 def paired_regret(rounds: Mapping[str, Sequence[float]], best: str) -> dict[str, Any]:
     """Per arm: its shortfall against `best` round by round (the arms of one round run back to back, minutes
-    apart, so each round's ratio cancels the machine's drift between rounds), and the median of those."""
+    apart, so each round's ratio cancels the machine's drift between rounds), the median of those, and
+    `interval95`: the arm's per-round gain against `best` (v / b - 1) with a bootstrap 95% interval
+    (`paired_interval`)."""
     ref = rounds.get(best, ())
-    out: dict[str, Any] = {"reference": best, "relative_by_round": {}, "median_relative": {}}
+    out: dict[str, Any] = {"reference": best, "relative_by_round": {}, "median_relative": {}, "interval95": {}}
     for arm, tps in rounds.items():
-        rel = [round(1 - v / b, 4) for v, b in zip(tps, ref, strict=False) if b > 0]
-        if rel:
-            out["relative_by_round"][arm] = rel
-            out["median_relative"][arm] = round(statistics.median(rel), 4)
+        pairs = [(v, b) for v, b in zip(tps, ref, strict=False) if b > 0]
+        if pairs:
+            out["relative_by_round"][arm] = [round(1 - v / b, 4) for v, b in pairs]
+            out["median_relative"][arm] = round(statistics.median(1 - v / b for v, b in pairs), 4)
+            out["interval95"][arm] = paired_interval([v / b - 1 for v, b in pairs])
     return out
 
 

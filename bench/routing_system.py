@@ -154,6 +154,17 @@ class System:
                 _wait(lambda a=addr: grpc_serving(a), proc, f"{k[0]} worker {k[1]}", log, self.timeout)
                 self.workers[k] = (proc, addr)
 
+    def restart_workers(self, keys: list[WorkerKey]) -> dict[str, int]:
+        """Stop the workers in `keys` and start them afresh (new processes, new ports: no D-Cut state, step
+        cost model, cache or batch carried over from another arm); returns worker -> new pid, the record
+        that every arm ran on processes of its own."""
+        for k in keys:
+            if k in self.workers:
+                proc, _ = self.workers.pop(k)
+                _stop(proc)
+        self.start_workers(keys)
+        return {f"{e}#{i}": self.workers[(e, i)][0].pid for e, i in keys}
+
     def _start_worker(self, key: WorkerKey) -> tuple[WorkerKey, subprocess.Popen[bytes], str, Path]:
         engine, i = key
         port = free_port()

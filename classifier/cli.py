@@ -1,4 +1,4 @@
-"""`specroute classifier {train,eval}`."""
+"""`specroute classifier {train,eval,cv}`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from specroute.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPORT = REPO_ROOT / "bench" / "results" / "classifier.json"
+DEFAULT_CV_REPORT = REPO_ROOT / "bench" / "results" / "classifier-cv.json"
 MODEL_VERSION = "1.0"
 
 
@@ -53,6 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--artifact", default=None, help="artifact path (default: the shipped one)")
     e.add_argument("--repeats", type=int, default=3, help="timing passes over the prompts")
     e.add_argument("--no-latency", action="store_true")
+    c = sub.add_parser(
+        "cv",
+        help="cross-validate without writing an artifact: leave one source / language / script out, "
+        "with translation families grouped and not, calibration nested",
+    )
+    c.add_argument("--data", default=None, help="folder of prompt JSONL (default: as for train)")
+    c.add_argument("--corpus", default=None, help="corpus folder for extra chat text (default: as for train)")
+    c.add_argument("--out", default=str(DEFAULT_CV_REPORT), help="report JSON (default: %(default)s)")
+    c.add_argument("--schemes", default="source,language,script", help="which folds (default: %(default)s)")
+    c.add_argument("--grouping", default="grouped,ungrouped", help="grouped, ungrouped or both (default: both)")
+    c.add_argument("--c", type=float, default=0.1, help="inverse L2 strength (default: %(default)s)")
+    c.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -184,14 +197,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
 
     try:
-        loso_idx, loso_logits = T.leave_one_source_out(data, cfg, log=log)
+        loso_idx, loso_logits, loso_fold = T.leave_one_source_out(data, cfg, log=log)
     except ValueError as exc:  # a fold without one of the domains
         raise UserError(f"leave-one-source-out: {exc}") from None
     langs = sorted({e.lang for e in ex if e.evaluate})
-    lolo_idx = lolo_logits = None
+    lolo_idx = lolo_logits = lolo_fold = None
     if len(langs) >= 2:
         try:
-            lolo_idx, lolo_logits = T.leave_one_language_out(data, cfg, log=log)
+            lolo_idx, lolo_logits, lolo_fold = T.leave_one_language_out(data, cfg, log=log)
         except ValueError as exc:
             raise UserError(f"leave-one-language-out: {exc}") from None
     y = data.matrix.y
@@ -200,12 +213,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     pooled_y = y[loso_idx] if lolo_idx is None else np.concatenate([y[loso_idx], y[lolo_idx]])
     temperature = T.fit_temperature(pooled_logits, pooled_y)
 
-    def section(idx: np.ndarray, logits: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
-        probs = T.apply_junk(T.softmax(logits, temperature), data.matrix.junk[idx])
+    def section(idx: np.ndarray, logits: np.ndarray, fold: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
+        # nested: each fold's figures use a temperature fitted on the other folds only
+        temps = T.nested_temperatures(logits, y[idx], fold)
+        probs = T.apply_junk(T.softmax(logits, temps), data.matrix.junk[idx])
         rep = report(probs, y[idx], [ex[i].source for i in idx], [ex[i].lang for i in idx])
         return rep, hardest_confusions([ex[i] for i in idx], probs, y[idx])
 
-    loso, loso_hard = section(loso_idx, loso_logits)
+    loso, loso_hard = section(loso_idx, loso_logits, loso_fold)
     log(
         f"leave-one-source-out: accuracy={loso['accuracy']:.4f} macro_f1={loso['macro_f1']:.4f} "
         f"ece={loso['ece']:.4f} uncertainty AUROC={loso['uncertainty']['auroc_entropy']} "
@@ -213,8 +228,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     lolo: dict[str, Any] | None = None
     lolo_hard: list[Any] = []
-    if lolo_idx is not None and lolo_logits is not None:
-        lolo, lolo_hard = section(lolo_idx, lolo_logits)
+    if lolo_idx is not None and lolo_logits is not None and lolo_fold is not None:
+        lolo, lolo_hard = section(lolo_idx, lolo_logits, lolo_fold)
         log(
             f"leave-one-language-out: accuracy={lolo['accuracy']:.4f} macro_f1={lolo['macro_f1']:.4f} "
             f"ece={lolo['ece']:.4f} uncertainty AUROC={lolo['uncertainty']['auroc_entropy']}"
@@ -279,7 +294,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             "config": cfg.__dict__,
             "temperature": temperature,
             "temperature_fitted_on": "pooled out-of-fold logits of leave-one-source-out"
-            + (" and leave-one-language-out" if lolo else ""),
+            + (" and leave-one-language-out" if lolo else "")
+            + " (translation families grouped); the figures below use, per fold, a temperature fitted on "
+            "the other folds only",
             "seconds": round(train_s, 1),
         },
         "acceptance": _acceptance(loso, lolo, None if args.skip_latency else lat),
@@ -318,13 +335,93 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+CV_SCHEMES = {"source": "leave_one_source_out", "language": "leave_one_language_out", "script": "leave_one_script_out"}
+CV_TARGETS = {"source": ("macro_f1", ">=", 0.95), "language": ("macro_f1", ">=", 0.90)}
+
+
+def cmd_cv(args: argparse.Namespace) -> int:
+    """Every (scheme, grouping) as out-of-fold predictions, calibrated two ways: `nested` (each fold
+    with a temperature fitted on the other folds only: the figure to quote) and `pooled` (one temperature
+    fitted on every fold's logits and scored on them: the old, optimistic way)."""
+    import numpy as np
+
+    from classifier import train as T
+    from classifier.data import DATA_HINT, data_dir, script_of
+    from classifier.metrics import group_table, report
+
+    t0 = time.perf_counter()
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    data_path = args.data or str(data_dir() / "prompts")
+    if not Path(data_path).is_dir():
+        raise UserError(f"no prompt folder: {data_path} ({DATA_HINT}, or pass --data)")
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    groupings = [g.strip() for g in args.grouping.split(",") if g.strip()]
+    bad = [s for s in schemes if s not in CV_SCHEMES] + [g for g in groupings if g not in ("grouped", "ungrouped")]
+    if bad or not schemes or not groupings:
+        raise UserError(f"classifier cv: unknown {', '.join(bad) or 'empty selection'} "
+                        f"(--schemes from {','.join(CV_SCHEMES)}; --grouping grouped,ungrouped)")
+    cfg = T.TrainConfig(c=args.c)
+    data = T.load_training_data(data_path, args.corpus or str(data_dir() / "corpus"), seed=args.seed)
+    ex, y = data.examples, data.matrix.y
+    out: dict[str, Any] = {
+        "data_hash": data.data_hash, "n_prompts": int(sum(e.evaluate for e in ex)), "n_extra": int(sum(not e.evaluate for e in ex)),
+        "config": cfg.__dict__,
+        "grouped": "an item held out takes every translation of it (other languages, other sources: "
+                   "classifier.data.family) out of training with it",
+        "calibration": {"nested": "each fold scored with a temperature fitted on the other folds' out-of-fold "
+                                  "logits only", "pooled": "one temperature fitted on every fold's logits and "
+                                                           "scored on the same logits (the old figure)"},
+        "scripts": {lang: script_of(lang) for lang in sorted({e.lang for e in ex if e.evaluate})},
+        "results": {},
+    }
+    for grouping in groupings:
+        for scheme in schemes:
+            name = f"{CV_SCHEMES[scheme]}{'' if grouping == 'grouped' else '_ungrouped'}"
+            log(f"{name}:")
+            run = getattr(T, CV_SCHEMES[scheme])
+            idx, logits, fold = run(data, cfg, log=log, grouped=grouping == "grouped")
+            temps = T.nested_temperatures(logits, y[idx], fold)
+            pooled_t = T.fit_temperature(logits, y[idx])
+            junk = data.matrix.junk[idx]
+            probs = T.apply_junk(T.softmax(logits, temps), junk)
+            nested = report(probs, y[idx], [ex[i].source for i in idx], [ex[i].lang for i in idx])
+            pooled = report(T.apply_junk(T.softmax(logits, pooled_t), junk), y[idx],
+                            [ex[i].source for i in idx], [ex[i].lang for i in idx])
+            out["results"][name] = {
+                **{k: nested[k] for k in ("n", "accuracy", "macro_f1", "ece", "confusion", "per_source_table",
+                                          "per_language", "uncertainty")},
+                "per_script": group_table(probs, y[idx], [script_of(ex[i].lang) for i in idx]),
+                "ece_pooled_temperature": pooled["ece"],
+                "temperature_pooled": pooled_t,
+                "temperature_nested": [round(float(t), 4) for t in np.unique(temps)],
+            }
+            log(f"  {name}: macro_f1={nested['macro_f1']:.4f} accuracy={nested['accuracy']:.4f} "
+                f"ece nested={nested['ece']:.4f} pooled={pooled['ece']:.4f}")
+            _write_json(args.out, {**out, "partial": True})   # each scheme as it finishes
+    res = out["results"]
+    acceptance: dict[str, Any] = {}
+    for scheme, (metric, op, target) in CV_TARGETS.items():
+        key = CV_SCHEMES[scheme]
+        if key in res:
+            v = res[key][metric]
+            acceptance[f"{key}_{metric}"] = {"value": v, "target": f"{op} {target}", "met": v >= target}
+    eces = {k: v["ece"] for k, v in res.items() if not k.endswith("_ungrouped")}
+    if eces:
+        acceptance["ece_nested"] = {"value": eces, "target": "<= 0.05", "met": all(v <= 0.05 for v in eces.values())}
+    out["acceptance"] = acceptance
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    _write_json(args.out, out)
+    print("; ".join(f"{k} macro_f1={v['macro_f1']:.4f} ece={v['ece']:.4f}" for k, v in res.items()) + f" -> {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.cmd == "train":
+    if args.cmd in ("train", "cv"):
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):  # one core: the machine is shared with model training
-            return cmd_train(args)
+            return cmd_train(args) if args.cmd == "train" else cmd_cv(args)
     return cmd_eval(args)
 
 

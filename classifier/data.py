@@ -198,3 +198,41 @@ def code_references(path: Path, sources: tuple[str, ...] = ("mbpp", "humaneval")
                     # the prompt's id: the reference of a held-out prompt is held out with it
                     out.append(Example(ref, "code", f"ref:{source}", source, rec.get("id") or f"ref:{source}/{i}", False))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Translation families and scripts: the units a leak-free split keeps together
+
+# sources that translate MT-Bench's 80 questions (the item number after the language is MT-Bench's)
+MT_BENCH_FAMILY = frozenset({"mt_bench", "mt_bench_x", "m2lingual_mt_bench", "ru_mt_bench", "zh_mt_bench", "ko_mt_bench"})
+# sources whose items translate another source's item of the same number
+TRANSLATES = {"humaneval_xl": ("humaneval", ""), "mgsm": ("gsm8k", "test-")}
+
+# the writing system of each language the prompts and templates use; any other language is Latin
+SCRIPTS = {"ar": "arabic", "fa": "arabic", "ur": "arabic", "ru": "cyrillic", "uk": "cyrillic", "bg": "cyrillic",
+           "zh": "han", "ja": "kana", "ko": "hangul", "th": "thai", "hi": "devanagari", "el": "greek", "he": "hebrew"}
+
+
+def script_of(lang: str) -> str:
+    """The writing system a language is written in (`latin` unless `SCRIPTS` names another)."""
+    return SCRIPTS.get(lang, "latin")
+
+
+def family(ex: Example) -> str:
+    """The translation family of an item: one key for an item and every translation of it, in any
+    language and source (MGSM's `mgsm/de-7` is GSM8K's `gsm8k/test-7`, HumanEval-XL's
+    `humaneval_xl/ar-100` is HumanEval's `humaneval/100`, the MT-Bench translations share MT-Bench's
+    question number, XQuAD's `xquad/ar-<id>` shares `<id>` across languages). A code reference shares
+    its prompt's id, so it joins its prompt's family; text from elsewhere is a family of its own."""
+    src, sep, rest = ex.id.partition("/")
+    if not sep:
+        return ex.id
+    lang, dash, tail = rest.partition("-")
+    if dash and lang == ex.lang and lang.isalpha() and len(lang) in (2, 3):
+        rest = tail
+    if src in MT_BENCH_FAMILY:
+        src = "mt_bench"
+    if src in TRANSLATES:
+        src, prefix = TRANSLATES[src]
+        rest = prefix + rest
+    return f"{src}/{rest}"

@@ -1,5 +1,6 @@
 """`specroute bench acceptance` end to end on a tiny bundle: JSON rows with the documented fields,
-a PNG, the lossless check at temperature 0, and the low-acceptance flag (random drafters accept nothing)."""
+a PNG, the lossless check at temperature 0 on drafts that are accepted and rejected, and the
+low-acceptance flag."""
 
 from __future__ import annotations
 
@@ -15,8 +16,29 @@ from tests.tiny_bundle import make_tiny_bundle
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
+    """The tiny bundle, its random drafters' draft vocabulary narrowed to the two tokens the target
+    emits most on the benchmark's own prompts: over the full vocabulary a random drafter accepts
+    nothing, and the lossless check would only ever see rejected drafts."""
+    from collections import Counter
+
+    from bench.acceptance import select_prompts
+    from engines.drafters.registry import load_drafter, save_drafter
+    from engines.generate import ar_generate
+    from engines.model import load_model
+    from engines.sampling import SamplingParams
+    from engines.tokenizer import Tokenizer
+
     torch.set_num_threads(1)
-    return make_tiny_bundle(tmp_path_factory.mktemp("bundle"), drafters=("mtp", "dfly"))
+    path = make_tiny_bundle(tmp_path_factory.mktemp("bundle"), drafters=("mtp", "dfly"))
+    target, tok = load_model(path), Tokenizer.load(path)
+    greedy = Counter(t for ps in select_prompts(tok, 2, 512, 0).values() for p in ps
+                     for t in ar_generate(target, tok, p, SamplingParams(), max_tokens=8).token_ids)
+    common = torch.tensor([t for t, _ in greedy.most_common(2)])
+    for kind in ("mtp", "dfly"):
+        d = load_drafter(kind, path, target)
+        d.set_draft_vocab(common)
+        save_drafter(d, path / "drafters" / kind, dtype=torch.float32)
+    return path
 
 
 def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
@@ -42,6 +64,9 @@ def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
         assert r.low_acceptance == (r.mean_accepted_length < 1.3)
         assert len(r.acceptance_per_position) <= r.k
         assert r.drafting == ("sampled" if r.temperature > 0 else "greedy")   # the default at T > 0
+    greedy = [r for r in report.rows if r.temperature == 0]
+    for kind in ("mtp", "dfly"):   # drafts were accepted, and every output still matched greedy AR
+        assert max(r.mean_accepted_length for r in greedy if r.drafter == kind) > 1.0, kind
     assert "no dflash drafter" in capsys.readouterr().err
 
 

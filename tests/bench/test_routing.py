@@ -17,11 +17,13 @@ from bench.routing_metrics import (
     default_pools,
     identity,
     median_round,
+    paired_interval,
     paired_regret,
     regret,
     served_by,
     suite_totals,
     summarize,
+    switch_baseline,
     switch_point,
     time_series,
 )
@@ -112,6 +114,11 @@ def test_summary_series_and_regret():
     assert r["best_arm"] == "a" and r["regret"]["b"] == {"tokens_per_s": 10.0, "relative": 0.1}
     p = paired_regret({"a": [100.0, 80.0, 120.0], "b": [95.0, 84.0, 102.0]}, "a")   # round by round
     assert p["relative_by_round"]["b"] == [0.05, -0.05, 0.15] and p["median_relative"] == {"a": 0.0, "b": 0.05}
+    iv = p["interval95"]["b"]   # b's gain against a, per round: -0.05, +0.05, -0.15
+    assert iv["rounds"] == 3 and iv["median"] == -0.05 and iv["mean"] == -0.05
+    lo, hi = iv["ci95"]
+    assert -0.15 <= lo < iv["mean"] < hi <= 0.05   # a bootstrap of the mean stays within the rounds' range
+    assert p["interval95"]["a"]["ci95"] == [0.0, 0.0]
     suite = suite_totals([{"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10}},
                           {"all-mtp": {"output_tokens": 100, "wall_s": 10}, "learned": {"output_tokens": 120, "wall_s": 10},
                            "static": {"output_tokens": 100, "wall_s": 20}}])
@@ -155,6 +162,22 @@ def test_better_pools_and_switch_point():
     assert never["requests_until_90pct"] is None
     none = switch_point(rows, 1, before, before)
     assert none["affected_requests"] == 0 and none["requests_until_90pct"] is None
+    # the switch is measured against the best pool before the change: code moved (dfly -> mtp), chat did not
+    assert switch_baseline({0: before, 1: after}, 1) == before
+    # a fault that leaves the better pool where it was asks for no switch, whatever the default policy says
+    same = {"code|t=0": "mtp"}
+    assert switch_baseline({0: same, 1: same}, 1) == same
+    assert switch_point(rows, 1, switch_baseline({0: same, 1: same}, 1), same)["affected_requests"] == 0
+    assert switch_point(rows, 1, default_pools(same), same)["affected_requests"] == 100   # the old figure
+    # a class first seen after the change falls back to the default policy's pool
+    assert switch_baseline({0: {}, 1: {"math|t=0": "mtp"}}, 1) == {"math|t=0": "dfly"}
+
+
+def test_paired_interval_is_deterministic_and_covers_a_steady_difference():
+    a = paired_interval([0.03, 0.05, 0.04, 0.06, 0.02])
+    assert a == paired_interval([0.03, 0.05, 0.04, 0.06, 0.02])
+    assert 0.02 <= a["ci95"][0] < 0.04 < a["ci95"][1] <= 0.06
+    assert paired_interval([]) == {"rounds": 0, "median": None, "mean": None, "ci95": None}
 
 
 def test_switch_by_the_drafter_that_served():
@@ -237,3 +260,33 @@ def test_bench_routing_smoke(tmp_path):
                                                                           for k in (1, 2)}
     logs = (out / "tmp" / "routing-logs" / "worker-dfly-0.log").read_text()
     assert "drafter degraded" in logs and "drafter restored" in logs
+
+
+def test_restart_workers_gives_each_arm_processes_of_its_own(tmp_path, monkeypatch):
+    """`System.restart_workers`: the arm's old worker processes are stopped and new ones started (new
+    pids), so no D-Cut or step-cost state carries over from the arm before. Worker processes here are
+    stand-ins (a sleeping Python), their readiness check a stub: what is tested is the bookkeeping."""
+    import subprocess
+    import sys
+
+    from bench import routing_system
+
+    monkeypatch.setattr(routing_system, "grpc_serving", lambda addr: True)
+
+    def start(self, key):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return key, proc, f"127.0.0.1:{1000 + len(self.workers)}", tmp_path / "w.log"
+
+    monkeypatch.setattr(routing_system.System, "_start_worker", start)
+    system = routing_system.System(tmp_path, tmp_path / "logs", 0.0, 0)
+    try:
+        keys = [("mtp", 0), ("mtp", 1)]
+        first = system.restart_workers(keys)
+        old = [system.workers[k][0] for k in keys]
+        second = system.restart_workers(keys)
+        assert set(first) == set(second) == {"mtp#0", "mtp#1"}
+        assert not set(first.values()) & set(second.values())
+        assert all(p.poll() is not None for p in old)   # the previous arm's processes are gone
+        assert all(system.workers[k][0].poll() is None for k in keys)
+    finally:
+        system.close()

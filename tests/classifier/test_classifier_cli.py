@@ -164,9 +164,79 @@ def test_leave_one_language_out_never_trains_on_the_held_out_language(tmp_path: 
         return real_fit(examples, m, idx, cfg)
 
     monkeypatch.setattr(T, "fit", spy)
-    idx, logits = T.leave_one_language_out(data, T.TrainConfig(), log=lambda _: None)
+    idx, logits, fold = T.leave_one_language_out(data, T.TrainConfig(), log=lambda _: None)
     assert seen == [{"en"}, {"de"}]  # folds in language order: de held out, then en
     assert len(idx) == len(data.examples) and logits.shape == (len(idx), 3)
+    assert sorted(set(fold.tolist())) == [0, 1]
+
+
+def _translated_prompts(folder: Path) -> Path:
+    """English prompts, and German ones of which every other one translates an English item (MT-Bench
+    style ids: `alpha/7` and `alpha/de-7` are one item)."""
+    rows = []
+    for k, source in enumerate(("alpha", "beta", "gamma")):
+        for domain, texts in (("chat", CHAT), ("code", CODE), ("math", MATH)):
+            for j, text in enumerate(texts):
+                if j % 3 == k or j % 2 == k % 2:
+                    rows.append({"id": f"{source}/{domain}{j}", "source": source, "domain": domain, "prompt": text})
+                    tail = f"{domain}{j}" if j % 2 == 0 else f"{domain}{j}x"
+                    rows.append({"id": f"{source}/de-{tail}", "source": source, "domain": domain,
+                                 "prompt": f"Bitte: {text}", "lang": "de"})
+    return write_prompts(folder, rows)
+
+
+def test_grouped_folds_hold_translations_out_with_the_item(tmp_path: Path, monkeypatch):
+    from classifier.data import family
+
+    data = T.load_training_data(str(_translated_prompts(tmp_path / "p")), None, extra=False)
+    ex = data.examples
+    assert family(next(e for e in ex if e.id == "alpha/de-chat0")) == "alpha/chat0"
+    trained: list[set[str]] = []
+    real_fit = T.fit
+
+    def spy(examples, m, idx, cfg):
+        trained.append({family(examples[i]) for i in idx})
+        return real_fit(examples, m, idx, cfg)
+
+    monkeypatch.setattr(T, "fit", spy)
+    de_families = {family(e) for e in ex if e.lang == "de"}
+    twins = {family(e) for e in ex if e.lang == "en"} & de_families
+    assert twins  # the data has translations
+    T.leave_one_language_out(data, T.TrainConfig(), log=lambda _: None, grouped=True)
+    assert not trained[0] & de_families  # holding German out holds its English originals out too
+    trained.clear()
+    T.leave_one_language_out(data, T.TrainConfig(), log=lambda _: None, grouped=False)
+    assert trained[0] & twins == twins  # the old folds trained on them
+
+
+def test_nested_temperatures_never_use_the_fold_they_score():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(60, 3)) * 3
+    y = rng.integers(0, 3, 60)
+    fold = np.repeat([0, 1, 2], 20)
+    temps = T.nested_temperatures(logits, y, fold)
+    for k in range(3):
+        mask = fold == k
+        assert np.allclose(temps[mask], T.fit_temperature(logits[~mask], y[~mask]))
+    y2 = y.copy()
+    y2[fold == 0] = (y2[fold == 0] + 1) % 3  # fold 0's labels change: its own temperature does not
+    assert np.allclose(T.nested_temperatures(logits, y2, fold)[fold == 0], temps[fold == 0])
+    assert not np.allclose(T.nested_temperatures(logits, y2, fold)[fold == 1], temps[fold == 1])
+
+
+def test_cv_reports_grouped_and_ungrouped_with_nested_calibration(tmp_path: Path):
+    out = tmp_path / "cv.json"
+    folder = _translated_prompts(tmp_path / "p")
+    assert specroute_main(["classifier", "cv", "--data", str(folder), "--corpus", str(tmp_path / "none"),
+                           "--schemes", "language,script", "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert set(rep["results"]) == {"leave_one_language_out", "leave_one_script_out",
+                                   "leave_one_language_out_ungrouped", "leave_one_script_out_ungrouped"}
+    lolo = rep["results"]["leave_one_language_out"]
+    assert set(lolo["per_language"]) == {"en", "de"} and set(lolo["per_script"]) == {"latin"}
+    assert 0.0 <= lolo["ece"] <= 1.0 and 0.0 <= lolo["ece_pooled_temperature"] <= 1.0
+    assert len(lolo["temperature_nested"]) == 2  # one per held-out language
+    assert rep["acceptance"]["leave_one_language_out_macro_f1"]["value"] == lolo["macro_f1"]
 
 
 def test_train_needs_all_domains(tmp_path: Path):
@@ -203,6 +273,22 @@ def test_numpy_scoring_matches_the_training_model(tiny_prompts: Path):
     for i, ex in enumerate(examples):
         got = clf.classify(ex.request).probabilities
         assert np.allclose([got["chat"], got["code"], got["math"]], ref[i], atol=1e-7)
+
+
+def test_dropped_dense_features_get_no_weight(tiny_prompts: Path):
+    """`TrainConfig.drop_dense`: the script-dependent ASCII shares carry no weight in the shipped config,
+    and a feature the config keeps does."""
+    from classifier import features as F
+
+    examples, _ = read_prompt_dir(tiny_prompts)
+    m = T.featurise(examples)
+    cfg = T.TrainConfig()
+    assert set(cfg.drop_dense) == {"share_upper", "share_lower", "share_non_ascii"}
+    fitted = T.fit(examples, m, np.arange(len(examples)), cfg)
+    cols = [F.DENSE_NAMES.index(n) for n in cfg.drop_dense]
+    assert np.all(fitted.w_dense[:, cols] == 0.0)
+    kept = T.fit(examples, m, np.arange(len(examples)), T.TrainConfig(drop_dense=()))
+    assert np.any(kept.w_dense[:, cols] != 0.0)
 
 
 def _english_ids(folder: Path) -> set[str]:

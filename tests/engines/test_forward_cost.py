@@ -26,8 +26,32 @@ def test_fit_without_a_measurable_slope_is_never_compute_bound() -> None:
     assert fit_compute_bound(1.0, 1e9, 64) == 1.0       # floor: a token can't cost more than a forward
 
 
-def test_measure_on_a_real_model() -> None:
+def test_measure_on_a_real_model_times_both_forwards_and_fits_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real forwards of the real model, timed on a clock that advances by a known cost per token
+    (7.5 + 0.5 n ms, as above): the measurement must time each forward by its own token count and
+    recover the fit's 15 tokens, and must run the 8-row forward it claims."""
     model = Transformer(TINY)
     init_weights(model)
-    c = measure_compute_bound(model.eval(), tokens=16, context=8, reps=2)
-    assert 1.0 <= c <= NEVER
+    model.eval()
+    seen: list[int] = []
+    real_forward = model.forward
+
+    def forward(toks, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(int(toks.numel()))
+        return real_forward(toks, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    clock = {"now": 0.0, "calls": 0}
+
+    def perf_counter() -> float:
+        clock["calls"] += 1
+        if clock["calls"] % 2 == 0:   # the end of a timed forward: its cost by the tokens it carried
+            clock["now"] += (7.5 + 0.5 * seen[-1]) / 1000.0
+        return clock["now"]
+
+    monkeypatch.setattr("engines.forward_cost.time.perf_counter", perf_counter)
+    c = measure_compute_bound(model, tokens=16, context=8, reps=2)
+    assert sorted(set(seen)) == [1, 16]            # a 1-token forward and 8 rows x 2 tokens
+    assert len(seen) == 2 * 3                       # warm-up round + 2 timed rounds, both shapes each
+    assert c == pytest.approx(15.0)
+    assert c < NEVER

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from specroute import cli
+from specroute.errors import UserError
 from specroute.serve import Supervisor, build_parser
 
 
@@ -36,17 +39,36 @@ def test_parser_defaults() -> None:
     assert (args.model, args.host, args.port, args.no_dcut) == ("models/demo", "127.0.0.1", 8000, False)
 
 
-def test_supervisor_stops_its_children() -> None:
-    sup = Supervisor()
+def test_supervisor_stops_its_children(tmp_path: Path) -> None:
+    """SIGTERM first; a child that ignores it is killed once the timeout has passed; a child that dies
+    while starting is reported."""
+    sup = Supervisor(log=lambda _: None)
+    ready = tmp_path / "ignoring"
     a = sup.spawn("a", [sys.executable, "-c", "import time; time.sleep(60)"], quiet=True)
-    b = sup.spawn("b", [sys.executable, "-c", "import time; time.sleep(60)"], quiet=True)
-    sup.check_alive()
-    sup.stop_all(timeout=10)
-    assert a.proc.returncode is not None and b.proc.returncode is not None
+    b = sup.spawn("b", [sys.executable, "-c", "import pathlib, signal, sys, time; "
+                        "signal.signal(signal.SIGTERM, signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); "
+                        "time.sleep(60)", str(ready)], quiet=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the SIGTERM-ignoring child never started"
+        time.sleep(0.05)
+    sup.check_alive()   # both running: no error
+    t0 = time.monotonic()
+    sup.stop_all(timeout=1.0)
+    elapsed = time.monotonic() - t0
+    assert a.proc.returncode == -signal.SIGTERM
+    assert b.proc.returncode == -signal.SIGKILL   # ignored SIGTERM: killed after the timeout
+    assert 1.0 <= elapsed < 10.0
+    assert {c.state for c in sup.children} == {"stopped"}
+
+    sup2 = Supervisor(log=lambda _: None)
+    c = sup2.spawn("c", [sys.executable, "-c", "raise SystemExit(3)"], quiet=True)
+    c.proc.wait(30)
+    with pytest.raises(UserError, match="c .*while starting"):
+        sup2.check_alive()
 
 
 def test_vllm_pool_spec_becomes_worker_flags() -> None:
-    from specroute.errors import UserError
     from specroute.serve import parse_vllm_pool
 
     assert parse_vllm_pool("vllm=method=ngram,k=3") == ("vllm", ["--vllm-method", "ngram", "--k", "3"])
