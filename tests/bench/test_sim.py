@@ -1,0 +1,124 @@
+"""The fleet simulator (bench/sim): tiny traffic, hand-checkable step costs, the real policy code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.sim.core import Fleet, Gateway, Replay, Request, TableProfile, Worker, simulate, step_cost
+from bench.sim.gateway_policy import RequestContext, default_policy
+from bench.sim.traffic import arm_fleet, read_traffic, write_traffic
+
+
+@dataclass(frozen=True)
+class Flat:
+    """Every verify costs 10 ms + 1 ms per row, a draft call 2 ms, prefill nothing."""
+
+    def draft_ms(self, mode: str, rows: int) -> float:
+        return 2.0
+
+    def verify_ms(self, rows: int, width: float) -> float:
+        return 10.0 + rows
+
+    def prefill_ms(self, tokens: int) -> float:
+        return 0.0
+
+
+def req(i: int, domain: str = "code", temperature: float = 0.0, phase: int = 0, concurrency: int = 1,
+        measured: bool = True) -> Request:
+    return Request(i, phase, concurrency, {domain: 1.0}, 0.0, temperature, 10,
+                   {"mtp": Replay(9, 3, 9, 6, 3), "dfly": Replay(9, 2, 14, 6, 2), "ar": Replay(9, 8)},
+                   RequestContext("", "latin", "0", "short"), measured)
+
+
+def one_pool(mode: str) -> tuple[Fleet, Gateway]:
+    ws = (Worker("w0", (mode,)),)
+    return Fleet(ws, {mode: (("w0", mode),)}), Gateway(default_policy([mode]), overhead_ms=0.0)
+
+
+def test_one_request_costs_its_replayed_steps() -> None:
+    fleet, gw = one_pool("mtp")
+    res = simulate([req(0)], fleet, Flat(), gw)
+    (out,) = res.requests
+    # prefill step (no decode rows yet: the row joins and decodes in the same step): 3 steps of 2 + 11 ms
+    assert out.pool == "mtp" and out.tokens == 9
+    assert abs(out.t_end - 3 * 0.013) < 1e-9
+    assert res.steps == 3
+
+
+def test_ar_pool_takes_more_cheaper_steps_and_scale_stretches_time() -> None:
+    fleet, gw = one_pool("ar")
+    a = simulate([req(0)], fleet, Flat(), gw)
+    b = simulate([req(0)], fleet, Flat(), gw, scale=2.0)
+    assert abs(a.requests[0].t_end - 8 * 0.011) < 1e-9
+    assert abs(b.requests[0].t_end - 2 * a.requests[0].t_end) < 1e-9
+
+
+def test_closed_loop_segments_and_warmup_is_not_measured() -> None:
+    fleet, gw = one_pool("mtp")
+    traffic = [req(-1, measured=False), req(0, concurrency=2), req(1, concurrency=2), req(2, phase=1)]
+    res = simulate(traffic, fleet, Flat(), gw)
+    assert [r.index for r in res.measured] == [0, 1, 2]
+    r0, r1, r2 = res.measured
+    assert r0.t_send == r1.t_send >= res.requests[0].t_end   # the phase's two clients start together
+    assert r2.t_send >= max(r0.t_end, r1.t_end)               # the next phase after the last one ends
+    # both arrive at once: the first's step is under way, the second joins the next one (continuous
+    # batching); a step of one row costs 2 + 11 ms, of two 2 + 12 ms
+    assert abs(r0.t_end - r0.t_send - (0.013 + 2 * 0.014)) < 1e-9
+    assert abs(r1.t_end - r1.t_send - (0.013 + 2 * 0.014 + 0.013)) < 1e-9
+    assert res.output_tokens_per_s() > 0
+
+
+def test_default_policy_routes_by_domain_and_is_deterministic() -> None:
+    fleet, policy = arm_fleet("static")
+    gw = Gateway(policy)
+    traffic = [req(i, "chat" if i % 2 else "code", concurrency=2) for i in range(12)]
+    a = simulate(traffic, fleet, Flat(), gw, seed=3)
+    b = simulate(traffic, fleet, Flat(), gw, seed=3)
+    assert [(r.pool, r.t_end) for r in a.requests] == [(r.pool, r.t_end) for r in b.requests]
+    assert {r.pool for r in a.requests if r.domain == "chat"} == {"mtp"}
+    assert {r.pool for r in a.requests if r.domain == "code"} == {"dfly"}
+    assert {r.reason for r in a.requests} == {"default"}
+
+
+def test_learning_moves_traffic_to_the_faster_pool() -> None:
+    """Code goes to DFly by default; when DFly's replay is slow (one token a step), learning's feedback
+    moves it to MTP."""
+    fleet, policy = arm_fleet("learned")
+    gw = Gateway(policy, stats_interval_s=0.05, load_interval_s=0.05)
+    slow = {"mtp": Replay(33, 8, 24, 24, 8), "dfly": Replay(33, 32, 448, 0, 32), "ar": Replay(33, 32)}
+    traffic = [Request(i, 0, 2, {"code": 1.0}, 0.0, 0.0, 10, slow, RequestContext("", "latin", "0", "short"))
+               for i in range(200)]
+    res = simulate(traffic, fleet, Flat(), gw, seed=1)
+    late = [r.pool for r in res.requests[-50:]]
+    assert late.count("mtp") > 40
+    assert "learned" in {r.reason for r in res.requests}
+
+
+def test_mixed_step_pads_to_the_widest_row_and_calls_each_drafter() -> None:
+    @dataclass(frozen=True)
+    class Width(Flat):
+        def verify_ms(self, rows: int, width: float) -> float:
+            return rows * width
+
+    from bench.sim.core import Outcome, _Row
+
+    out = Outcome(0, True, "", "", "", "", 9, 0.0)
+    rows = [_Row(req(0), out, "mtp", "mtp", "chat", "", Replay(9, 3, 9, 6, 3), 0.0, 0),
+            _Row(req(1), out, "dfly", "dfly", "code", "", Replay(9, 2, 14, 6, 2), 0.0, 0)]
+    assert step_cost(Width(), rows) == 2.0 + 2.0 + 2 * 8.0
+
+
+def test_table_profile_interpolates_and_extends() -> None:
+    p = TableProfile({"mtp": {1: 1.0, 4: 4.0}}, {1: {1: 10.0, 4: 13.0}, 4: {1: 20.0, 4: 26.0}}, 0.5)
+    assert p.draft_ms("mtp", 2) == 2.0 and p.draft_ms("mtp", 8) == 8.0 and p.draft_ms("dfly", 3) == 0.0
+    assert p.verify_ms(1, 2.0) == 11.0 and p.verify_ms(4, 4.0) == 26.0
+    assert abs(p.verify_ms(2, 1.0) - (10.0 + 10.0 / 3)) < 1e-9
+    assert p.prefill_ms(10) == 5.0
+
+
+def test_traffic_file_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    groups = {"S1/1": [req(0), req(1, "chat", 0.7)], "S2/1": [req(0, measured=False)]}
+    write_traffic(path, groups)
+    assert read_traffic(path) == groups
