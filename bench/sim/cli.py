@@ -142,6 +142,7 @@ def main(argv: list[str]) -> int:
         ap.add_argument("--traffic", type=Path, default=Path("bench/results/sim-traffic-routing.jsonl.gz"))
         ap.add_argument("--profile", type=Path, default=Path("bench/results/sim-profile-cpu.json"))
         ap.add_argument("--out", type=Path, default=Path("bench/results/sim-calibration.json"))
+        ap.add_argument("--run-cpu", default="", help="the run's CPU where its meta lacks one")
         a = ap.parse_args(rest)
         from bench.sim.calibrate import calibrate
         from bench.sim.traffic import read_traffic
@@ -150,6 +151,7 @@ def main(argv: list[str]) -> int:
         traffic = {(g.split("/")[0], int(g.split("/")[1])): v for g, v in groups.items()}
         doc = calibrate(traffic, _read_json(a.run), _read_json(a.profile), command=_command(argv))
         doc["meta"]["inputs"] = {"run": str(a.run), "traffic": str(a.traffic), "profile": str(a.profile)}
+        doc["meta"]["run_cpu"] = doc["meta"]["run_cpu"] or a.run_cpu
         _write(doc, a.out)
         s = doc["summary"]
         print(f"{s['within_10pct']}/{s['cells']} arm x scenario within 10% (max |error| {s['max_abs_relative_error']})")
@@ -166,8 +168,9 @@ def main(argv: list[str]) -> int:
         _write(doc, a.out)
         print(f"winners {doc['winners_matched']}/{doc['cells']}, MTP cells {doc['mtp_cells_matched']}/{doc['mtp_cells']}, "
               f"speedups within 10% {doc['speedups_within_10pct']}/{doc['speedup_entries']}")
-        if "routing" in doc:
-            gains = {s: v["vs_best_static"]["learned"] for s, v in doc["routing"]["scenarios"].items()}
-            print("simulated learned vs best static fleet: " + ", ".join(f"{s} {g:+.1%}" for s, g in gains.items()))
+        for load, r in doc.get("routing", {}).get("loads", {}).items():
+            gains = {s: v["vs_best_static"]["learned"] for s, v in r["scenarios"].items()}
+            print(f"simulated learned vs best static fleet at {load}: "
+                  + ", ".join(f"{s} {g:+.1%}" for s, g in gains.items()))
         return 0
     raise UserError(f"unknown sim command {sub!r} (traffic, profile, calibrate, hy3, or options for a what-if run)")

@@ -83,6 +83,7 @@ class Worker:
     modes: tuple[str, ...]                  # "ar" or drafter kinds
     max_running: int = 32
     narrow: str | None = None
+    dcut: bool = False                      # D-Cut chooses each row's drafts to verify (its widths vary by step)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class StepProfile(Protocol):
     def draft_ms(self, mode: str, rows: int) -> float: ...
     def verify_ms(self, rows: int, width: float) -> float: ...
     def prefill_ms(self, tokens: int) -> float: ...
+    def dcut_padding(self, rows: int) -> float: ...   # widest kept drafts of a D-Cut step / the mean
+    def dcut_ms(self, rows: int) -> float: ...        # D-Cut's own work in a drafted step
 
 
 @dataclass
@@ -189,9 +192,11 @@ class _WorkerState:
         return len(self.running) + len(self.prefilling), len(self.waiting)
 
 
-def step_cost(profile: StepProfile, rows: Sequence[_Row]) -> float:
+def step_cost(profile: StepProfile, rows: Sequence[_Row], dcut: bool = False) -> float:
     """One decode step over `rows` (ms): each drafter's call over the rows it drafts for, and one verify
-    forward of every row padded to the widest."""
+    forward of every row padded to the widest. A row's width is its mean over its drafted steps; under
+    D-Cut a step's rows keep unequal drafts, and the widest exceeds the mean by the profile's measured
+    `dcut_padding` for that many drafting rows, and D-Cut's own work (`dcut_ms`) is added."""
     if not rows:
         return 0.0
     by_mode: dict[str, int] = {}
@@ -200,7 +205,12 @@ def step_cost(profile: StepProfile, rows: Sequence[_Row]) -> float:
         if r.mode != "ar" and r.drafts_now():
             by_mode[r.mode] = by_mode.get(r.mode, 0) + 1
             width = max(width, r.rep.width)
-    return sum(profile.draft_ms(m, n) for m, n in sorted(by_mode.items())) + profile.verify_ms(len(rows), width)
+    extra = 0.0
+    if dcut and by_mode:
+        n = sum(by_mode.values())
+        width = 1.0 + (width - 1.0) * profile.dcut_padding(n)
+        extra = profile.dcut_ms(n)
+    return extra + sum(profile.draft_ms(m, n) for m, n in sorted(by_mode.items())) + profile.verify_ms(len(rows), width)
 
 
 def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gateway: Gateway,
@@ -280,7 +290,6 @@ def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gat
             send(t, queue.popleft(), i)
 
     def finish(row: _Row, t: float, client: int) -> None:
-        nonlocal active
         row.out.t_end = t + gateway.overhead_ms / 1000.0
         w = row.out.worker
         kinds[(w, kind_of(row.req.temperature))] -= 1
@@ -311,7 +320,7 @@ def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gat
                 ready.append(row)
         ws.running.extend(ready)
         decoding = [r for r in ws.running if r.done_steps < r.rep.steps]
-        cost += step_cost(profile, decoding)
+        cost += step_cost(profile, decoding, ws.spec.dcut)
         dt = cost * scale / 1000.0
         ws.busy = True
         ws.busy_s += dt
@@ -394,6 +403,8 @@ class TableProfile:
     draft: Mapping[str, Mapping[int, float]]
     verify: Mapping[int, Mapping[int, float]]
     prefill_per_token: float
+    padding: Mapping[int, float] = field(default_factory=dict)   # D-Cut: rows -> widest / mean kept drafts
+    dcut: Mapping[int, float] = field(default_factory=dict)      # D-Cut: rows -> its own ms a drafted step
 
     def draft_ms(self, mode: str, rows: int) -> float:
         table = self.draft.get(mode)
@@ -406,11 +417,21 @@ class TableProfile:
     def prefill_ms(self, tokens: int) -> float:
         return self.prefill_per_token * tokens
 
+    def dcut_padding(self, rows: int) -> float:
+        if rows <= 1 or not self.padding:
+            return 1.0
+        return max(1.0, _interp({1.0: 1.0, **{float(b): v for b, v in self.padding.items()}}, rows))
+
+    def dcut_ms(self, rows: int) -> float:
+        return _interp({float(b): v for b, v in self.dcut.items()}, rows) if self.dcut else 0.0
+
     @classmethod
     def from_doc(cls, doc: Mapping[str, object]) -> TableProfile:
         draft = {m: {int(b): float(v) for b, v in t.items()} for m, t in doc["draft_ms"].items()}  # type: ignore[union-attr]
         verify = {int(b): {int(w): float(v) for w, v in t.items()} for b, t in doc["verify_ms"].items()}  # type: ignore[union-attr]
-        return cls(draft, verify, float(doc["prefill_ms_per_token"]))  # type: ignore[arg-type]
+        padding = {int(b): float(v) for b, v in dict(doc.get("dcut_padding") or {}).items()}  # type: ignore[call-overload]
+        dcut = {int(b): float(v) for b, v in dict(doc.get("dcut_ms") or {}).items()}  # type: ignore[call-overload]
+        return cls(draft, verify, float(doc["prefill_ms_per_token"]), padding, dcut)  # type: ignore[arg-type]
 
     def compute_bound_tokens(self) -> float:
         """Tokens per forward at which a forward costs twice a one-token one (engines/forward_cost.py's

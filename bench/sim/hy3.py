@@ -119,6 +119,12 @@ class Hy3Profile:
     def prefill_ms(self, tokens: int) -> float:
         return 0.0
 
+    def dcut_padding(self, rows: int) -> float:
+        return 1.0
+
+    def dcut_ms(self, rows: int) -> float:
+        return 0.0
+
     @classmethod
     def fit(cls, ar: Mapping[int, float], overhead: float = 0.0) -> Hy3Profile:
         """Fit t0, beta, lambda (non-negative) to AR steps: concurrency -> AR output tokens/s."""

@@ -10,7 +10,8 @@ domain's serving accepted length (hy3.py: the offline figures times the factor f
 from MT-Bench, code from HumanEval / MBPP / LiveCodeBench, math from GSM8K / Math500. The paper has
 T=1 figures only: every temperature gets them. S4's DFly drafter goes bad in its second phase
 (accepted length 1.3). Concurrency is the benchmark's times `load` (GPU nodes batch far more rows
-than the CPU workers); output 256-768 tokens a request, no prefill.
+than the CPU workers: x4 and x16, c32 and c128 over two nodes); output 256-768 tokens a request, no
+prefill.
 """
 
 from __future__ import annotations
@@ -85,28 +86,31 @@ def arm_fleet(arm: str) -> tuple[Fleet, Policy]:
     return Fleet(ws, {"mtp": (("mtp#0", "mtp"),), "dfly": (("dfly#0", "dfly"),)}), policy
 
 
-def run(profile: Hy3Profile, factor: Mapping[str, float], load: int = 4, n: int = 150, seeds: int = 3
-        ) -> dict[str, Any]:
-    """scenario -> arm -> simulated output tokens/s (median over `seeds` traffic draws), and the routed
-    arms against the best single fleet."""
+def run(profile: Hy3Profile, factor: Mapping[str, float], loads: tuple[int, ...] = (4, 16), n: int = 150,
+        seeds: int = 3) -> dict[str, Any]:
+    """load -> scenario -> arm -> simulated output tokens/s (median over `seeds` traffic draws), and the
+    routed arms against the best single fleet. `n` requests a scenario at load 4, in proportion above."""
     mal = domain_mal(factor)
-    out: dict[str, Any] = {}
-    for name in SCENARIOS:
-        tps: dict[str, list[float]] = {a: [] for a in ARMS}
-        for seed in range(seeds):
-            reqs = scenario_traffic(name, n, 8 * load, mal, seed)
-            for arm in ARMS:
-                fleet, policy = arm_fleet(arm)
-                gw = Gateway(policy, overhead_ms=1.0, compute_bound_tokens=None)
-                tps[arm].append(simulate(reqs, fleet, profile, gw, seed=seed).output_tokens_per_s())
-        med = {a: statistics.median(v) for a, v in tps.items()}
-        fleets = {a: med[a] for a in ("all-mtp", "all-dfly", "all-ar")}
-        best = max(fleets, key=lambda a: fleets[a])
-        out[name] = {"title": SCENARIOS[name].title, "concurrency": 8 * load,
-                     "tokens_per_s": {a: round(v, 1) for a, v in med.items()},
-                     "best_static_fleet": best,
-                     "vs_best_static": {a: round(med[a] / fleets[best] - 1.0, 4)
-                                        for a in ("static", "learned", "learned-shared")}}
-    return {"simulated": True, "load": load, "requests_per_scenario": n, "seeds": seeds,
+    by_load: dict[str, Any] = {}
+    for load in loads:
+        size = n * max(1, load // 4)
+        out: dict[str, Any] = {}
+        for name in SCENARIOS:
+            tps: dict[str, list[float]] = {a: [] for a in ARMS}
+            for seed in range(seeds):
+                reqs = scenario_traffic(name, size, 8 * load, mal, seed)
+                for arm in ARMS:
+                    fleet, policy = arm_fleet(arm)
+                    gw = Gateway(policy, overhead_ms=1.0, compute_bound_tokens=None)
+                    tps[arm].append(simulate(reqs, fleet, profile, gw, seed=seed).output_tokens_per_s())
+            med = {a: statistics.median(v) for a, v in tps.items()}
+            fleets = {a: med[a] for a in ("all-mtp", "all-dfly", "all-ar")}
+            best = max(fleets, key=lambda a: fleets[a])
+            out[name] = {"title": SCENARIOS[name].title, "tokens_per_s": {a: round(v, 1) for a, v in med.items()},
+                         "best_static_fleet": best,
+                         "vs_best_static": {a: round(med[a] / fleets[best] - 1.0, 4)
+                                            for a in ("static", "learned", "learned-shared")}}
+        by_load[f"c{8 * load}"] = {"concurrency_per_fleet": 8 * load, "requests_per_scenario": size, "scenarios": out}
+    return {"simulated": True, "seeds": seeds,
             "domain_accepted_length": {m: {d: round(v, 3) for d, v in x.items()} for m, x in mal.items()},
-            "benchmarks": list(BENCHMARKS), "scenarios": out}
+            "benchmarks": list(BENCHMARKS), "loads": by_load}

@@ -31,10 +31,10 @@ def arm_fleet(arm: str) -> tuple[Fleet, Policy]:
     single = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
     if arm in single:
         m = single[arm]
-        ws = (Worker(f"{m}#0", (m,)), Worker(f"{m}#1", (m,)))
+        ws = (Worker(f"{m}#0", (m,), dcut=m == "dfly"), Worker(f"{m}#1", (m,), dcut=m == "dfly"))
         return Fleet(ws, {m: tuple((w.name, m) for w in ws)}), default_policy([m])
     if arm in ("static", "learned"):
-        ws = (Worker("mtp#0", ("mtp",)), Worker("dfly#0", ("dfly",)))
+        ws = (Worker("mtp#0", ("mtp",)), Worker("dfly#0", ("dfly",), dcut=True))
         policy = default_policy(["mtp", "dfly"])
         if arm == "static":
             policy = policy.model_copy(update={"learning": policy.learning.model_copy(update={"enabled": False})})

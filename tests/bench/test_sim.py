@@ -23,6 +23,12 @@ class Flat:
     def prefill_ms(self, tokens: int) -> float:
         return 0.0
 
+    def dcut_padding(self, rows: int) -> float:
+        return 1.5
+
+    def dcut_ms(self, rows: int) -> float:
+        return 0.5
+
 
 def req(i: int, domain: str = "code", temperature: float = 0.0, phase: int = 0, concurrency: int = 1,
         measured: bool = True) -> Request:
@@ -107,14 +113,16 @@ def test_mixed_step_pads_to_the_widest_row_and_calls_each_drafter() -> None:
     rows = [_Row(req(0), out, "mtp", "mtp", "chat", "", Replay(9, 3, 9, 6, 3), 0.0, 0),
             _Row(req(1), out, "dfly", "dfly", "code", "", Replay(9, 2, 14, 6, 2), 0.0, 0)]
     assert step_cost(Width(), rows) == 2.0 + 2.0 + 2 * 8.0
+    assert step_cost(Width(), rows, dcut=True) == 0.5 + 2.0 + 2.0 + 2 * (1.0 + 7.0 * 1.5)   # D-Cut: unequal keeps
 
 
 def test_table_profile_interpolates_and_extends() -> None:
-    p = TableProfile({"mtp": {1: 1.0, 4: 4.0}}, {1: {1: 10.0, 4: 13.0}, 4: {1: 20.0, 4: 26.0}}, 0.5)
+    p = TableProfile({"mtp": {1: 1.0, 4: 4.0}}, {1: {1: 10.0, 4: 13.0}, 4: {1: 20.0, 4: 26.0}}, 0.5, {4: 1.3})
     assert p.draft_ms("mtp", 2) == 2.0 and p.draft_ms("mtp", 8) == 8.0 and p.draft_ms("dfly", 3) == 0.0
     assert p.verify_ms(1, 2.0) == 11.0 and p.verify_ms(4, 4.0) == 26.0
     assert abs(p.verify_ms(2, 1.0) - (10.0 + 10.0 / 3)) < 1e-9
     assert p.prefill_ms(10) == 5.0
+    assert p.dcut_padding(1) == 1.0 and abs(p.dcut_padding(2) - 1.1) < 1e-9 and abs(p.dcut_padding(4) - 1.3) < 1e-9
 
 
 def test_traffic_file_round_trips(tmp_path: Path) -> None:
@@ -122,3 +130,34 @@ def test_traffic_file_round_trips(tmp_path: Path) -> None:
     groups = {"S1/1": [req(0), req(1, "chat", 0.7)], "S2/1": [req(0, measured=False)]}
     write_traffic(path, groups)
     assert read_traffic(path) == groups
+
+
+def test_hy3_table_and_profile_fit() -> None:
+    from bench.sim.hy3 import BENCHMARKS, CONCURRENCY, Hy3Profile, cover, paper_table
+
+    table = paper_table()
+    assert sorted(table) == list(CONCURRENCY) and set(table[4]) == {"AR", "MTP-3", "DFlash-8", "DFly-8"}
+    assert table[64]["MTP-3"]["MT-Bench"] == 2350.0 and list(table[8]["AR"]) == list(BENCHMARKS)
+    assert cover(0) == 0.0 and 0.99 < cover(128) < 1.0
+    true = Hy3Profile(10.0, 20.0, 0.3, 0.3 / 3.902)
+    ar = {c: 1000.0 * c / true.verify_ms(c, 1.0) for c in CONCURRENCY}
+    fit = Hy3Profile.fit(ar)
+    for c in CONCURRENCY:   # the AR column is reproduced; a row costs ROW_PER_TOKEN tokens
+        assert abs(fit.verify_ms(c, 1.0) - true.verify_ms(c, 1.0)) < 1e-6
+    assert abs(fit.rho / fit.gamma - 0.402 / 0.103) < 1e-9
+
+
+def test_hy3_cell_speedup_follows_accepted_length() -> None:
+    from bench.sim.hy3 import Hy3Profile, simulate_cell
+
+    flat = Hy3Profile(10.0, 0.0, 0.0, 0.0)   # every step 10 ms whatever it carries; drafting free
+    ar = simulate_cell(flat, "ar", 1.0, 4, seed=0)
+    mtp = simulate_cell(flat, "mtp", 3.0, 4, seed=0)
+    assert 2.4 < mtp / ar < 3.6
+
+
+def test_calibration_figures_from_a_run() -> None:
+    from bench.sim.calibrate import measured_figures
+
+    run = {"cells": [{"scenario": "S1", "arms": {"all-ar": {"summary": {"output_tokens_per_s": 100.0}}}}]}
+    assert measured_figures(run) == {"S1": {"all-ar": 100.0}}
