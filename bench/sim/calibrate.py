@@ -11,28 +11,58 @@ every other arm is a check of the model.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from bench.sim.core import Gateway, Request, TableProfile, simulate
+from bench.sim.core import Gateway, Request, SimResult, TableProfile, simulate
 from bench.sim.traffic import arm_fleet
 
 FIT_ARM = "all-ar"
 
 
-def arm_rounds(traffic: Mapping[tuple[str, int], list[Request]], scenario: str, arm: str,
-               profile: TableProfile, scale: float, slack: float = 1.0) -> list[float]:
+def arm_results(traffic: Mapping[tuple[str, int], list[Request]], scenario: str, arm: str,
+                profile: TableProfile, scale: float, slack: float = 1.0) -> dict[int, SimResult]:
+    """round -> the simulated run of `arm` on that round's traffic of `scenario`."""
     fleet, policy = arm_fleet(arm)
     gw = Gateway(policy, affinity_slack=0.0 if arm == "learned-shared-least" else slack,
                  compute_bound_tokens=profile.compute_bound_tokens())
-    out = []
-    for (scen, rnd), reqs in sorted(traffic.items()):
-        if scen == scenario:
-            out.append(simulate(reqs, fleet, profile, gw, seed=rnd, scale=scale).output_tokens_per_s())
+    return {rnd: simulate(reqs, fleet, profile, gw, seed=rnd, scale=scale)
+            for (scen, rnd), reqs in sorted(traffic.items()) if scen == scenario}
+
+
+def arm_rounds(traffic: Mapping[tuple[str, int], list[Request]], scenario: str, arm: str,
+               profile: TableProfile, scale: float) -> list[float]:
+    return [r.output_tokens_per_s() for r in arm_results(traffic, scenario, arm, profile, scale).values()]
+
+
+def _rate(spans: Sequence[tuple[float, float, int]]) -> float:
+    """Output tokens/s of requests (send, end, tokens): their tokens over their span."""
+    wall = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
+    return sum(n for _, _, n in spans) / wall if wall > 0 else 0.0
+
+
+def phase_rates(log: Sequence[Mapping[str, Any]], traffic: Mapping[tuple[str, int], list[Request]], scenario: str,
+                arm: str, results: Mapping[int, SimResult]) -> dict[str, dict[str, float]]:
+    """phase -> measured and simulated output tokens/s (median over rounds) of one arm x scenario."""
+    phases = sorted({r.phase for (s, _), reqs in traffic.items() if s == scenario for r in reqs})
+    out: dict[str, dict[str, float]] = {}
+    for ph in phases:
+        meas, sim = [], []
+        for rnd, res in results.items():
+            rows = [r for r in log if str(r["cell"]).split("@")[0] == scenario and r["arm"] == arm
+                    and int(r["round"]) == rnd and int(r["phase"]) == ph]
+            if rows:
+                meas.append(_rate([(r["t_send"], r["t_end"], int(r["completion_tokens"])) for r in rows]))
+            idx = {r.index for r in traffic[(scenario, rnd)] if r.phase == ph and r.measured}
+            spans = [(o.t_send, o.t_end, o.tokens) for o in res.measured if o.index in idx]
+            if spans:
+                sim.append(_rate(spans))
+        if meas and sim:
+            m, s_ = statistics.median(meas), statistics.median(sim)
+            out[str(ph)] = {"measured_tokens_per_s": round(m, 1), "simulated_tokens_per_s": round(s_, 1),
+                            "relative_error": round(s_ / m - 1.0, 4)}
     return out
 
 
@@ -55,7 +85,10 @@ def measured_figures(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str, Any], profile_doc: Mapping[str, Any],
-              arms: Sequence[str] | None = None, command: str = "") -> dict[str, Any]:
+              arms: Sequence[str] | None = None, command: str = "",
+              log: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Every arm x scenario of `run`, simulated; with the run's request `log`, also per phase of the
+    scenarios that have several (where the load or the traffic changes)."""
     t0 = time.time()
     profile = TableProfile.from_doc(profile_doc)
     measured = measured_figures(run)
@@ -66,7 +99,8 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
         for arm, meas in arms_m.items():
             if arms and arm not in arms:
                 continue
-            rounds = arm_rounds(traffic, scen, arm, profile, scale)
+            results = arm_results(traffic, scen, arm, profile, scale)
+            rounds = [r.output_tokens_per_s() for r in results.values()]
             sim = statistics.median(rounds)
             err = (sim - meas) / meas
             errors.append(abs(err))
@@ -74,6 +108,8 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
                 "measured_tokens_per_s": round(meas, 2), "simulated_tokens_per_s": round(sim, 2),
                 "simulated_rounds": [round(x, 2) for x in rounds], "relative_error": round(err, 4),
                 "fitted": arm == FIT_ARM, "within_10pct": abs(err) <= 0.10}
+            if log is not None and len(run_phases(run, scen)) > 1:
+                table[scen][arm]["phases"] = phase_rates(log, traffic, scen, arm, results)
     checks = [abs(v["relative_error"]) for s in table.values() for a, v in s.items() if a != FIT_ARM]
     return {
         "benchmark": "sim-calibration",
@@ -101,5 +137,5 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
     }
 
 
-def load_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+def run_phases(run: Mapping[str, Any], scenario: str) -> list[Any]:
+    return next((c.get("phases") or [] for c in run["cells"] if c["scenario"] == scenario), [])

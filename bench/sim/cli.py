@@ -82,7 +82,7 @@ def what_if(argv: list[str]) -> int:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
     policy = Policy.model_validate(_read_json(a.policy)) if a.policy is not None else None
-    out: dict[str, Any] = {"meta": {"command": _command(["--traffic", str(a.traffic), "--profile", str(a.profile)]),
+    out: dict[str, Any] = {"meta": {"command": _command(argv),
                                     "simulated": True, "scale": a.scale, "seed": a.seed}, "groups": {}}
     for g, reqs in groups.items():
         row: dict[str, Any] = {}
@@ -143,13 +143,17 @@ def main(argv: list[str]) -> int:
         ap.add_argument("--profile", type=Path, default=Path("bench/results/sim-profile-cpu.json"))
         ap.add_argument("--out", type=Path, default=Path("bench/results/sim-calibration.json"))
         ap.add_argument("--run-cpu", default="", help="the run's CPU where its meta lacks one")
+        ap.add_argument("--requests", type=Path, help="the run's request log: per-phase figures too")
         a = ap.parse_args(rest)
         from bench.sim.calibrate import calibrate
         from bench.sim.traffic import read_traffic
 
         groups = read_traffic(a.traffic)
         traffic = {(g.split("/")[0], int(g.split("/")[1])): v for g, v in groups.items()}
-        doc = calibrate(traffic, _read_json(a.run), _read_json(a.profile), command=_command(argv))
+        from bench.sim.traffic import read_log
+
+        log = read_log(a.requests) if a.requests is not None else None
+        doc = calibrate(traffic, _read_json(a.run), _read_json(a.profile), command=_command(argv), log=log)
         doc["meta"]["inputs"] = {"run": str(a.run), "traffic": str(a.traffic), "profile": str(a.profile)}
         doc["meta"]["run_cpu"] = doc["meta"]["run_cpu"] or a.run_cpu
         _write(doc, a.out)
