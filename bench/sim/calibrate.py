@@ -127,11 +127,18 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
             "replay per request from the run's single-mode fleets (all-MTP, all-DFly + D-Cut, all-AR) on the same "
             "prompts in the same round; learned-shared's DFly rows replay the D-Cut worker's steps",
             f"one factor fitted: scale (wall time per profiled ms) on {FIT_ARM}; every other arm is a check",
+            "profile: thread CPU time on the profiling machine; the run: wall time on its own machine, two workers, "
+            "the gateway, Redis and the load generator sharing two cores: 'scale' carries both, at the run's "
+            "concurrency; where fewer rows run (S5's concurrency-2 phases) the machine is less contended than it says",
         ],
         "summary": {
             "cells": len(errors), "within_10pct": sum(e <= 0.10 for e in errors),
             "max_abs_relative_error": round(max(errors), 4) if errors else None,
             "checked_cells_max_abs_relative_error": round(max(checks), 4) if checks else None,
+            "misses": [f"{scen} {arm}: {v['relative_error']:+.1%}" + (
+                " (phases: " + ", ".join(f"{p} {x['relative_error']:+.1%}" for p, x in v["phases"].items()) + ")"
+                if "phases" in v else "") for scen, arms_t in table.items() for arm, v in arms_t.items()
+                if not v["within_10pct"]],
         },
         "cells": table,
     }
