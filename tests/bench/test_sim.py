@@ -161,3 +161,22 @@ def test_calibration_figures_from_a_run() -> None:
 
     run = {"cells": [{"scenario": "S1", "arms": {"all-ar": {"summary": {"output_tokens_per_s": 100.0}}}}]}
     assert measured_figures(run) == {"S1": {"all-ar": 100.0}}
+
+
+def test_what_if_command_on_a_traffic_file(tmp_path: Path) -> None:
+    import json
+
+    from bench.sim.cli import main
+
+    traffic, profile, out = tmp_path / "t.jsonl", tmp_path / "p.json", tmp_path / "r.json"
+    write_traffic(traffic, {"S1/1": [req(i, "chat" if i % 3 else "code", concurrency=2) for i in range(6)]})
+    profile.write_text(json.dumps({"draft_ms": {"mtp": {"1": 2.0}, "dfly": {"1": 3.0}},
+                                   "verify_ms": {"1": {"1": 10.0, "16": 20.0}, "8": {"1": 20.0, "16": 60.0}},
+                                   "prefill_ms_per_token": 0.1}))
+    assert main(["--traffic", str(traffic), "--profile", str(profile), "--arms", "all-mtp,static",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["simulated"] is True
+    row = doc["groups"]["S1/1"]
+    assert row["all-mtp"]["pool_shares"] == {"mtp": 1.0} and row["static"]["requests"] == 6
+    assert row["all-mtp"]["output_tokens_per_s"] > 0
