@@ -13,10 +13,15 @@ from one seeded RNG, so the same inputs give the same result.
 - Workers: continuous batching as `engines/batcher.py` runs it: admit into free slots, chunked
   prefill within a per-step budget, then one decode step over every running row. A step costs what
   the profile says (`StepProfile`: drafts per drafter over its rows + one verify forward of every row
-  padded to the widest, + prefill), times `scale`.
+  padded to the widest, + prefill; on a D-Cut worker the widest row's measured excess over the mean and
+  D-Cut's own work), times `scale`. A multi-mode worker may narrow every row to one drafter (`narrow`).
 - Acceptance: replayed per request from a trace of the same prompt served by each mode (`Replay`:
   its decode steps, how many of them verified drafts and how many drafts per such step): a request's
   decode takes the steps its mode took for it when measured, whatever the batch it lands in.
+
+Not modelled: the gateway's drift detection on the snapshot (router/drift.py), D-Cut's live draft
+length in the pool state (`draft_now`), retries and faults other than what the traces carry, and the
+CPU the gateway and clients take from the workers (in `scale`).
 """
 
 from __future__ import annotations
@@ -171,7 +176,6 @@ class _Row:
     t_arrive: float
     prompt_left: int
     done_steps: int = 0
-    done_drafted: int = 0
 
     def drafts_now(self) -> bool:
         """Is this row's next step a drafted one? Its drafted steps spread evenly over its steps."""
@@ -356,8 +360,6 @@ def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gat
             for row in ready:
                 row.out.t_first = t + gateway.overhead_ms / 1000.0
             for row in decoding:
-                if row.drafts_now():
-                    row.done_drafted += 1
                 row.done_steps += 1
             for row in list(ws.running):
                 if row.done_steps >= row.rep.steps:
