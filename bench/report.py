@@ -315,6 +315,24 @@ def block_classifier(ctx: Ctx) -> list[str]:
     return out + sources(ctx)
 
 
+def block_sim(ctx: Ctx) -> list[str]:
+    cal, hy3 = ctx.load("sim-calibration.json"), ctx.load("sim-hy3.json")
+    c = cal["summary"]
+    return [
+        "Simulated figures (`specroute sim`: the gateway's own policy code in front of simulated workers).",
+        "",
+        f"- Against this machine's `bench routing` run (`sim-calibration.json`; a step-cost profile of this CPU in "
+        f"thread CPU time, one wall-time factor fitted on the all-AR arm): {c['within_10pct']} of {c['cells']} "
+        f"arm x scenario figures within 10% of the measured ones; the misses: "
+        + "; ".join(m.split(" (")[0] for m in c["misses"]) + ".",
+        f"- Against AngelSpec's Hy3 table (`sim-hy3.json`; a GPU profile fitted to its AR column, one serving / "
+        f"offline accepted-length factor per method fitted at c4): the winning method in {hy3['winners_matched']} "
+        f"of 30 cells ({hy3['mtp_cells_matched']} of the {hy3['mtp_cells']} MTP cells; always answering DFly scores "
+        f"{hy3['always_dfly_scores']}), {hy3['speedups_within_10pct']} of {hy3['speedup_entries']} speedups within "
+        f"10% ({hy3['checked_speedups_within_10pct']} of {hy3['checked_entries']} out of sample).",
+    ] + sources(ctx)
+
+
 BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "target": block_target,
     "acceptance": block_acceptance,
@@ -322,6 +340,7 @@ BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "routing": block_routing,
     "gateway": block_gateway,
     "classifier": block_classifier,
+    "sim": block_sim,
 }
 
 

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("engines.training.cli", "train tokenizer, target or drafters"),
     "classifier": ("classifier.cli", "train / evaluate the request classifier"),
     "bench": ("bench.cli", "benchmarks writing bench/results/*.json"),
+    "sim": ("bench.sim.cli", "simulate a fleet behind the gateway's policy (what-if, calibration, Hy3 check)"),
 }
 
 

@@ -165,8 +165,9 @@ def decide(
         if scores:
             best = max(scores, key=lambda p: scores[p])
             if available(default):
-                base = scores.get(default)
-                if base is not None and best != default and scores[best] > base * (1.0 + learning.switch_margin):
+                default_score = scores.get(default)
+                if (default_score is not None and best != default
+                        and scores[best] > default_score * (1.0 + learning.switch_margin)):
                     return out(best, "learned", scores)
                 return out(default, "default", scores)
             return out(best, "learned", scores)

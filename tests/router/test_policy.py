@@ -163,6 +163,18 @@ def test_learning_disabled_and_ucb() -> None:
     assert (d.pool, d.reason) == ("mtp", "learned") and set(d.scores) == {"mtp", "dfly"}
 
 
+def test_a_scored_decision_keeps_its_context() -> None:
+    """The learned and default-with-scores paths return the request's context, never a score."""
+    from specroute.contracts.context import RequestContext
+
+    stats = {("code", "dfly"): cell(30, 0.5), ("code", "mtp"): cell(30, 0.5)}
+    p = pol(exploration_rate=0.0)
+    for ctx in (None, RequestContext("", "latin", "0", "short")):
+        d = decide(CODE, 0.0, stats, HEALTHY, p, random.Random(0), ctx)
+        assert d.scores and isinstance(d.context, RequestContext)
+        assert d.context.domain == ("code" if ctx is not None else "")
+
+
 def test_load_penalises_goodput() -> None:
     c = cell(30, 0.5)
     p = pol()
