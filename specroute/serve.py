@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specroute.errors import UserError
-from specroute.pools import PoolKind, served
+from specroute.pools import POOL_KINDS, PoolKind, served
 from specroute.readiness import free_port, grpc_serving, http_ok, poll_until
 from specroute.supervisor import Child, ChildSpec, ServeSettings, Supervisor, say
 
@@ -113,7 +113,9 @@ def parse_vllm_pool(text: str) -> tuple[str, list[str]]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute serve", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="models/demo", help="model bundle directory (default models/demo)")
+    p.add_argument("--model", default="models/smollm2",
+                   help="model bundle directory (default models/smollm2, which `make import` creates; the toy "
+                        "bundle models/demo ships in the repository)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
     kinds = served()
@@ -145,6 +147,27 @@ def pool_kinds(names: str) -> list[PoolKind]:
     return [k for k in served() if k.name in wanted]
 
 
+def startable(kinds: list[PoolKind], model: Path) -> tuple[list[PoolKind], list[str]]:
+    """The kinds whose engine the bundle can run (a drafting kind needs its drafter in
+    `MODEL/drafters/<engine>/`), and a note per kind left out. When no kind is left, the bundle's
+    target alone: the non-speculative kind (plain decoding)."""
+    from engines.drafters.registry import DRAFTERS
+
+    keep, notes = [], []
+    for k in kinds:
+        engine = k.worker_engine
+        if engine in DRAFTERS and not (model / "drafters" / engine / "config.json").is_file():
+            notes.append(f"{model} has no {engine} drafter: pool {k.name} not started")
+        else:
+            keep.append(k)
+    if not keep:
+        plain = next((k for k in POOL_KINDS if not k.speculative), None)
+        if plain is not None:
+            keep.append(plain)
+            notes.append(f"no drafter of {model} is trained: serving its target alone (pool {plain.name})")
+    return keep, notes
+
+
 def _grpc_probe(address: str) -> Callable[[], bool]:
     return lambda: grpc_serving(address, timeout=0.5)
 
@@ -173,6 +196,9 @@ def start_redis(sup: Supervisor, run_dir: Path) -> str:
 def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     """Start Redis (unless given), both workers and the gateway, each once it can be used."""
     model = Path(args.model)
+    kinds, notes = startable(pool_kinds(args.pools), model)
+    for note in notes:
+        say(note)
     drain = str(sup.settings.drain_timeout_s)
     specroute = [sys.executable, "-m", "specroute.cli"]
     redis_url = args.redis_url or start_redis(sup, run_dir)
@@ -181,7 +207,7 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain)}
     addrs: dict[str, str] = {}
     workers: list[Child] = []
-    for k in pool_kinds(args.pools):
+    for k in kinds:
         port = getattr(args, f"{k.name.replace('-', '_')}_port", 0)
         addr = addrs[k.name] = f"127.0.0.1:{port or free_port()}"
         flags = [f for f in k.flags if not (args.no_dcut and f == "--dcut")]
@@ -230,8 +256,10 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     model = Path(args.model)
     if not (model / "config.json").is_file():
-        raise UserError(f"model bundle {model} not found (expected {model / 'config.json'}); "
-                        "train it with `specroute train ... --preset demo --out models/demo`")
+        how = ("import it: `make import` (SmolLM2-135M-Instruct) or `specroute model import SOURCE --out DIR`"
+               if model.name == "smollm2" else "import one with `specroute model import SOURCE --out DIR`")
+        raise UserError(f"model bundle {model} not found (expected {model / 'config.json'}); {how}, or serve "
+                        "the toy bundle: --model models/demo")
     settings = ServeSettings()
     if args.drain_timeout is not None:
         settings.drain_timeout_s = args.drain_timeout

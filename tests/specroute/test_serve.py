@@ -36,7 +36,7 @@ def test_missing_bundle_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_parser_defaults() -> None:
     args = build_parser().parse_args([])
-    assert (args.model, args.host, args.port, args.no_dcut) == ("models/demo", "127.0.0.1", 8000, False)
+    assert (args.model, args.host, args.port, args.no_dcut) == ("models/smollm2", "127.0.0.1", 8000, False)
 
 
 def test_supervisor_stops_its_children(tmp_path: Path) -> None:
@@ -81,3 +81,24 @@ def test_vllm_pool_spec_becomes_worker_flags() -> None:
         with pytest.raises(UserError):
             parse_vllm_pool(bad)
     assert build_parser().parse_args(["--vllm-pool", "a=k=1", "--vllm-pool", "b="]).vllm_pool == ["a=k=1", "b="]
+
+
+def test_a_bundle_serves_the_pools_it_has_drafters_for(tmp_path):
+    from specroute.pools import served
+    from specroute.serve import startable
+
+    bundle = tmp_path / "b"
+    (bundle / "drafters" / "mtp").mkdir(parents=True)
+    (bundle / "drafters" / "mtp" / "config.json").write_text("{}")
+    kinds, notes = startable(served(), bundle)
+    assert [k.name for k in kinds] == ["mtp"] and notes == [f"{bundle} has no dfly drafter: pool dfly not started"]
+    (bundle / "drafters" / "mtp" / "config.json").unlink()
+    kinds, notes = startable(served(), bundle)
+    assert [k.name for k in kinds] == ["ar"] and "serving its target alone" in notes[-1]
+
+
+def test_serve_without_an_imported_model_says_how_to_get_one(tmp_path, capsys):
+    from specroute import cli
+
+    assert cli.main(["serve", "--model", str(tmp_path / "smollm2")]) == 2
+    assert "make import" in capsys.readouterr().err
