@@ -56,7 +56,7 @@ class Gateway:
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(key_names=settings.metrics_key_names)
         self.rng = rng or random.Random(settings.seed)
         self.pools = PoolManager(
             settings.pools,
@@ -75,8 +75,9 @@ class Gateway:
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)
         self.dispatcher = Dispatcher(self.pools, self.metrics, settings.max_attempts)
+        hash_secret = settings.key_hash_secret.get_secret_value() if settings.key_hash_secret else None
         self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
-                               settings.stats_interval_s)
+                               settings.stats_interval_s, hash_secret)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: FeedbackWriter | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
