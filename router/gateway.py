@@ -34,6 +34,7 @@ from router.settings import Settings
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
+from router.workers.migrate import Migration
 from router.workers.pools import PoolManager
 from router.workers.upstream import Dispatcher, Upstream
 from specroute.contracts.context import RequestContext
@@ -207,7 +208,10 @@ class Gateway:
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        return await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+        up = await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+        if up.call is not None:  # a stream: if its worker fails, it continues on another (router/workers/migrate.py)
+            up.resume = Migration(self.dispatcher, self.metrics, order, req, deadline, batch, metadata)
+        return up
 
     def _feedback_lost(self, exc: BaseException | None) -> None:
         if exc is not None:

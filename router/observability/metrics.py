@@ -99,6 +99,9 @@ class Metrics:
             registry=r,
         )
 
+        self.migrations = Counter(
+            "specroute_migrations_total", "Streams continued on another worker after theirs failed",
+            ["from_pool", "to_pool"], registry=r)
         # memoised children of the labelled metrics the request path touches
         self.requests_by = Children(self.requests)
         self.route_decisions_by = Children(self.route_decisions)
