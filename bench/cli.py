@@ -6,7 +6,7 @@ import importlib
 
 from specroute.errors import UserError
 
-BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report")
+BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report", "fuzz")
 
 
 def main(argv: list[str]) -> int:

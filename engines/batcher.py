@@ -217,7 +217,9 @@ class Batcher:
             if kind == "submit":
                 assert handle is not None
                 req = handle.request
-                stop = StopState(self.decode_text, self.eos_ids, req.stop, req.max_tokens)
+                prefix = req.prompt_ids[len(req.prompt_ids) - req.prefix_len:] if req.prefix_len else []
+                stop = StopState(self.decode_text, self.eos_ids, req.stop, req.max_tokens + req.prefix_len,
+                                 tokens=list(prefix), emitted_chars=req.prefix_chars)
                 self._waiting.append(_Active(handle, stop))
             elif kind == "stop":
                 self._finish_everything("shutdown")
@@ -307,7 +309,7 @@ class Batcher:
 
     def _decode(self) -> None:
         rows = self._running
-        res = decode_step(self.decoder, [a.slot for a in rows], [a.stop.max_tokens - a.emitted for a in rows],
+        res = decode_step(self.decoder, [a.slot for a in rows], [a.req.max_tokens - a.emitted for a in rows],
                           self.k, self.dcut if self.dcut_enabled else None, [a.req.disable_dcut for a in rows],
                           [(a.drafted_steps, a.drafted_tokens) for a in rows])
         self.decode_steps += 1

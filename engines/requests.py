@@ -48,6 +48,10 @@ class GenRequest:
     context: str = ""               # the gateway's request context key, for statistics
     mode: str = ""                  # engine mode on a multi-mode worker ("": its default)
     temperature_bucket: str = ""    # "0" | "low" | "high", as the gateway computed it (GenerateRequest)
+    # a continuation: the last `prefix_len` prompt ids are completion tokens another worker already
+    # produced (and `prefix_chars` characters of their text were sent); `max_tokens` excludes them
+    prefix_len: int = 0
+    prefix_chars: int = 0
 
 
 @dataclass

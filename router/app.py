@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
@@ -16,7 +17,9 @@ from router.api import admin, health, keys_admin, openai, series
 from router.api.completions import serve
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
+from router.http.asgi import send_response
 from router.http.errors import install_handlers
+from router.http.origin import check_request
 from router.observability.metrics import Metrics
 from router.routing.classification import ClassifyFn
 from router.settings import Settings
@@ -36,6 +39,14 @@ class GatewayApp(FastAPI):
     gateway: Gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path, root = scope["path"], scope.get("root_path", "")
+            refused = check_request(scope["method"], path[len(root):] if root and path.startswith(root) else path,
+                                    scope["headers"])
+            if refused is not None:
+                body = orjson.dumps(refused.body())
+                await send_response(send, refused.status, [(b"content-type", b"application/json")], body)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             api = openai.FAST_PATHS.get(scope["path"])
             if api is not None:

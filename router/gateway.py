@@ -34,6 +34,7 @@ from router.settings import Settings
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
+from router.workers.migrate import Migration
 from router.workers.pools import PoolManager
 from router.workers.upstream import Dispatcher, Upstream
 from specroute.contracts.context import RequestContext
@@ -56,7 +57,7 @@ class Gateway:
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(key_names=settings.metrics_key_names)
         self.rng = rng or random.Random(settings.seed)
         self.pools = PoolManager(
             settings.pools,
@@ -75,8 +76,9 @@ class Gateway:
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)
         self.dispatcher = Dispatcher(self.pools, self.metrics, settings.max_attempts)
+        hash_secret = settings.key_hash_secret.get_secret_value() if settings.key_hash_secret else None
         self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
-                               settings.stats_interval_s)
+                               settings.stats_interval_s, hash_secret)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         self._feedback: FeedbackWriter | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
@@ -206,7 +208,10 @@ class Gateway:
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        return await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+        up = await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+        if up.call is not None:  # a stream: if its worker fails, it continues on another (router/workers/migrate.py)
+            up.resume = Migration(self.dispatcher, self.metrics, order, req, deadline, batch, metadata)
+        return up
 
     def _feedback_lost(self, exc: BaseException | None) -> None:
         if exc is not None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from router.keys.ring import KeyLimits, parse_limits
+from router.keys.ring import MIN_SECRET_CHARS, NAME_PATTERN, KeyLimits, parse_limits
 from router.workers.discovery import is_dns, parse_dns
 
 
@@ -94,28 +95,43 @@ def token_name(token: str) -> str:
 
 def parse_keys(value: Any) -> dict[str, str]:
     """API or admin tokens: `token`, `name:token`, comma separated (or a JSON mapping name -> token).
-    An unnamed token is named by its fingerprint (`token_name`)."""
+    An unnamed token is named by its fingerprint (`token_name`). Refused (`ValueError`, at startup): a
+    token shorter than `MIN_SECRET_CHARS`, an item with `:` whose name part is not a key name
+    (`NAME_PATTERN`: an unnamed token may not contain `:`), and two names with one token."""
     if value is None or value == "":
         return {}
     if isinstance(value, SecretStr):
         value = value.get_secret_value()
     if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
+        return check_keys({str(k): str(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
         items = [str(v) for v in value]
     else:
         text = str(value).strip()
         if text.startswith("{"):
-            return {str(k): str(v) for k, v in json.loads(text).items()}
+            return check_keys({str(k): str(v) for k, v in json.loads(text).items()})
         items = [t for t in (x.strip() for x in text.split(",")) if t]
     out: dict[str, str] = {}
     for item in items:
         name, sep, token = item.partition(":")
-        if sep and name and token:
+        if not sep:
+            out[token_name(item)] = item
+        elif re.match(NAME_PATTERN, name) and token:
             out[name] = token
         else:
-            out[token_name(item)] = item
-    return out
+            raise ValueError("a token containing ':' must be `name:token` with a name of letters, digits, "
+                             "'.', '_' or '-' (an unnamed token may not contain ':')")
+    return check_keys(out)
+
+
+def check_keys(keys: dict[str, str]) -> dict[str, str]:
+    """`keys` when every token is long enough and no two names share one, else `ValueError`."""
+    for name, token in keys.items():
+        if len(token) < MIN_SECRET_CHARS:
+            raise ValueError(f"token {name!r} is shorter than {MIN_SECRET_CHARS} characters")
+    if len(set(keys.values())) < len(keys):
+        raise ValueError("two token names share one token")
+    return keys
 
 
 def read_secret_file(path: Path, what: str) -> str:
@@ -156,6 +172,11 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(default=None, description="file holding the client API key(s)")
     api_key_limits: Annotated[dict[str, KeyLimits], NoDecode] = Field(
         default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys/ring.py)")
+    key_hash_secret: SecretStr | None = Field(
+        default=None, description="the HMAC key API key secrets are hashed under (default: one random secret "
+                                  "shared by the gateways in Redis, `specroute:keys:hash-secret`)")
+    metrics_key_names: bool = Field(
+        default=False, description="label per-key metrics with the key's name (default: `redacted`)")
 
     request_timeout_s: float = Field(default=600.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, gt=0)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from specroute.errors import UserError
 from specroute.pools import POOL_KINDS, PoolKind, served
@@ -178,6 +179,16 @@ def _wait(sup: Supervisor, child: Child, check: Callable[[], object], timeout: f
     sup.mark_up(child)
 
 
+def redact_url(url: str) -> str:
+    """`url` with its password (if any) replaced by `***`, for logs and the status file."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}***@{host}"))
+
+
 def start_redis(sup: Supervisor, run_dir: Path) -> str:
     """A private Redis under `sup` (from `find_redis_server`), once it answers; returns its URL."""
     binary = find_redis_server()
@@ -202,9 +213,12 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
     drain = str(sup.settings.drain_timeout_s)
     specroute = [sys.executable, "-m", "specroute.cli"]
     redis_url = args.redis_url or start_redis(sup, run_dir)
-    sup.info["redis_url"] = redis_url
+    shown_url = redact_url(redis_url)
+    sup.info["redis_url"] = shown_url
 
-    worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain)}
+    # the Redis URL (it may hold a password) reaches the children in their environment, never on argv
+    worker_env = {"SPECROUTE_WORKER_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_WORKER_DRAIN_TIMEOUT_S", drain),
+                  "SPECROUTE_WORKER_REDIS_URL": redis_url}
     addrs: dict[str, str] = {}
     workers: list[Child] = []
     for k in kinds:
@@ -212,7 +226,7 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
         addr = addrs[k.name] = f"127.0.0.1:{port or free_port()}"
         flags = [f for f in k.flags if not (args.no_dcut and f == "--dcut")]
         cmd = [*specroute, "worker", "--engine", k.worker_engine, *flags, "--model", str(model),
-               "--port", addr.rsplit(":", 1)[1], "--redis-url", redis_url, "--pool", k.name]
+               "--port", addr.rsplit(":", 1)[1], "--pool", k.name]
         workers.append(sup.add(ChildSpec(f"{k.name} worker", cmd, _grpc_probe(addr), env=worker_env, address=addr,
                                          stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
     for text in args.vllm_pool:
@@ -223,24 +237,25 @@ def start_all(args: argparse.Namespace, sup: Supervisor, run_dir: Path) -> None:
         if "--model" not in flags:
             flags += ["--model", str(model)]
         cmd = [*specroute, "worker", "--engine", "vllm", *flags, "--port", addr.rsplit(":", 1)[1],
-               "--redis-url", redis_url, "--pool", pool]
+               "--pool", pool]
         workers.append(sup.add(ChildSpec(f"{pool} worker (vLLM)", cmd, _grpc_probe(addr), env=worker_env,
                                          address=addr, stage=STAGE_WORKER, start_timeout_s=args.worker_timeout)))
     for child in workers:
         _wait(sup, child, child.spec.ready, args.worker_timeout)
 
     token_env, token_hint = admin_token(run_dir)
-    gw_env = {**token_env, "SPECROUTE_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_DRAIN_TIMEOUT_S", drain)}
+    gw_env = {**token_env, "SPECROUTE_DRAIN_TIMEOUT_S": os.environ.get("SPECROUTE_DRAIN_TIMEOUT_S", drain),
+              "SPECROUTE_REDIS_URL": redis_url}
     base = f"http://{args.host}:{args.port}"
     gateway = sup.add(ChildSpec(
         "gateway", [*specroute, "gateway", "--host", args.host, "--port", str(args.port),
-                    *[f for pool, a in addrs.items() for f in ("--pool", f"{pool}={a}")], "--redis-url", redis_url],
+                    *[f for pool, a in addrs.items() for f in ("--pool", f"{pool}={a}")]],
         lambda: http_ok(base + "/healthz"), env=gw_env, address=base, stage=STAGE_GATEWAY, start_timeout_s=120))
     sup.info.update(gateway=base, pools=addrs)
     _wait(sup, gateway, lambda: http_ok(base + "/readyz"), 120)
     print(
         f"""
-specroute is up: gateway {base}  (pools {', '.join(f'{k}={v}' for k, v in addrs.items())}; redis {redis_url})
+specroute is up: gateway {base}  (pools {', '.join(f'{k}={v}' for k, v in addrs.items())}; redis {shown_url})
   dashboard   {base}/dashboard   (admin token: {token_hint})
   try         curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
                 -d '{{"model": "specroute", "messages": [{{"role": "user", "content": "Write a Python function that adds two numbers."}}]}}'

@@ -41,6 +41,7 @@ class BackendInfo:
     # 0 = not measured): the router's load term for this pool
     compute_bound_tokens: float = 0.0
     modes: tuple[ModeInfo, ...] = ()   # every mode served (default first); empty: just `engine`
+    vocab_size: int = 0                # token ids are below it (0: not known), for continuations
 
     def mode_names(self) -> list[str]:
         return [m.engine for m in self.modes] or [self.engine]
@@ -161,7 +162,7 @@ class LocalBackend:
             block_size=modes[0].block_size, max_context=self.batcher.decoder.max_len,
             max_running=settings.max_running, max_waiting=settings.max_waiting,
             compute_bound_tokens=measure_compute_bound(self.engine.target),   # before serving: ~0.3 s
-            modes=modes,
+            modes=modes, vocab_size=self.engine.target.config.vocab_size,
         )
         # the decoder splits a verify over rows of different widths (several modes) by this cost model
         self.batcher.decoder.compute_bound_tokens = self.info.compute_bound_tokens

@@ -97,12 +97,19 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     except EngineError as exc:
         raise InvalidRequest(str(exc)) from None
     max_tokens = min(r.max_tokens or default_max_tokens, ctx - len(ids))
+    prefix = list(r.prefix_token_ids)
+    if prefix:  # a continuation: generate after the tokens another worker produced
+        vocab = backend.info.vocab_size or 1 << 31
+        if len(prefix) >= max_tokens or r.prefix_chars < 0 or any(not 0 <= t < vocab for t in prefix):
+            raise InvalidRequest("prefix_token_ids: the continuation's tokens do not fit the request")
+        ids, max_tokens = ids + prefix, max_tokens - len(prefix)
     if r.mode and r.mode not in backend.info.mode_names():
         raise InvalidRequest(f"mode {r.mode!r} is not served by this worker (modes: {', '.join(backend.info.mode_names())})")
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
                       domain=r.domain, pool=r.pool, context=r.context, mode=r.mode,
-                      temperature_bucket=r.temperature_bucket or temperature_bucket(params.temperature))
+                      temperature_bucket=r.temperature_bucket or temperature_bucket(params.temperature),
+                      prefix_len=len(prefix), prefix_chars=r.prefix_chars)
 
 
 def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:

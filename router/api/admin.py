@@ -7,6 +7,7 @@ app's exception handlers (router/http/errors.py)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -35,15 +36,40 @@ class RollbackRequest(BaseModel):
 class FailedLogins:
     """Refused admin requests: each one counted (`specroute_admin_auth_failures_total`), and logged
     with the client address, at most `per_window` lines per `window_s` (a flood cannot fill the log;
-    the suppressed count is reported with the next line). One per app (`app.state.failed_logins`)."""
+    the suppressed count is reported with the next line). One per app (`app.state.failed_logins`).
 
-    def __init__(self, per_window: int = 20, window_s: float = 60.0) -> None:
+    The brake on guessing: after `free` failures in a row from one client address, that address gets
+    a 429 (with `Retry-After`) without its token being checked, for 1 s, then 2, 4, ... up to
+    `max_backoff_s` after each further failure; a correct token clears its count. At most
+    `max_clients` addresses are remembered (the oldest forgotten first)."""
+
+    def __init__(self, per_window: int = 20, window_s: float = 60.0, free: int = 5,
+                 max_backoff_s: float = 300.0, max_clients: int = 10_000) -> None:
         self.per_window, self.window_s = per_window, window_s
         self.window_start = 0.0
         self.logged = self.suppressed = 0
+        self.free, self.max_backoff_s, self.max_clients = free, max_backoff_s, max_clients
+        self.clients: dict[str, tuple[int, float]] = {}  # address -> (failures in a row, blocked until)
+
+    def check(self, request: Request) -> None:
+        """429 while the client's address is backing off."""
+        _, until = self.clients.get(_address(request), (0, 0.0))
+        wait = until - time.monotonic()
+        if wait > 0:
+            raise APIError(429, "too many failed admin logins from your address; retry later",
+                           code="too_many_failed_logins", headers={"retry-after": str(math.ceil(wait))})
+
+    def succeeded(self, request: Request) -> None:
+        self.clients.pop(_address(request), None)
 
     def record(self, g: Gateway, request: Request, why: str) -> None:
         g.metrics.admin_auth_failures.inc()
+        addr = _address(request)
+        n = self.clients.pop(addr, (0, 0.0))[0] + 1
+        until = time.monotonic() + min(self.max_backoff_s, 2.0 ** (n - self.free)) if n >= self.free else 0.0
+        self.clients[addr] = (n, until)
+        if len(self.clients) > self.max_clients:
+            self.clients.pop(next(iter(self.clients)))
         now = time.monotonic()
         if now - self.window_start > self.window_s:
             self.window_start, self.logged = now, 0
@@ -57,6 +83,9 @@ class FailedLogins:
         log.warning("admin login failed: %s %s from %s: %s%s", request.method, request.url.path, client, why, more)
 
 
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
 
 def require_admin(request: Request) -> str:
     """The token's name (recorded as the actor of every change)."""
@@ -66,11 +95,14 @@ def require_admin(request: Request) -> str:
         if s.insecure_admin:
             return "insecure-admin"
         raise APIError(403, "admin API disabled: no admin token configured", code="admin_disabled")
+    failed = request.app.state.failed_logins
+    failed.check(request)
     header = request.headers.get("authorization", "")
     name = matching_key(header, s.admin_tokens)
     if name is not None:
+        failed.succeeded(request)
         return name
-    request.app.state.failed_logins.record(g, request, "wrong token" if header else "no token")
+    failed.record(g, request, "wrong token" if header else "no token")
     raise APIError(401, "missing or invalid admin token", code="invalid_admin_token",
                    headers={"www-authenticate": "Bearer"})
 

@@ -22,6 +22,7 @@ from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
 from router.http.asgi import read_body
 from router.http.errors import APIError, validation_error
+from router.keys.ratelimit import ADMITTED, Verdict
 from router.keys.ring import ApiKey
 from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
@@ -73,14 +74,23 @@ def client_key(g: Gateway, headers: Headers) -> ApiKey | None:
     return authenticate(g, headers.authorization.decode("latin-1"))
 
 
-async def within_limits(g: Gateway, key: ApiKey | None) -> None:
-    """429 when the key is over its rate limit."""
+def reserve_tokens(req: Admitted, context_tokens: int) -> int:
+    """The tokens a request may cost, reserved against its key's tpm at admission: the prompt's
+    estimate (a token per 4 bytes) plus `max_tokens` (unset: the largest context)."""
+    return (req.prompt_bytes + 3) // 4 + (req.body.effective_max_tokens() or context_tokens)
+
+
+async def within_limits(g: Gateway, req: Admitted, context_tokens: int) -> Verdict:
+    """The key's verdict (tokens reserved); 429 when the key is over its rate limit."""
+    key = req.key
     if key is not None and key.limited:  # the one Redis round trip on the request path, only for limited keys
-        verdict = await g.keys.limiter.admit(key)
+        verdict = await g.keys.limiter.admit(key, reserve_tokens(req, context_tokens))
         if not verdict.admitted:
             raise APIError(429, f"Rate limit reached for key {key.name!r}: {verdict.limit} "
                                 f"(retry in {verdict.retry_after_s} s).", code="rate_limit_exceeded",
                            headers={"retry-after": str(verdict.retry_after_s)})
+        return verdict
+    return ADMITTED
 
 
 async def admit(g: Gateway, headers: Headers, receive: Receive, *, api: Api, rid: str,

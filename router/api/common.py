@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 from router.gateway import Gateway
 from router.http.asgi import ClientDisconnected, read_body
 from router.http.errors import APIError
-from router.keys.ring import ApiKey
+from router.keys.ring import ApiKey, secret_bytes
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -30,11 +30,13 @@ def bearer_token(header: str) -> str | None:
 
 
 def matching_key(header: str, keys: dict[str, str]) -> str | None:
-    """The name of the key in `keys` that the `Authorization` header carries (constant-time compare)."""
+    """The name of the key in `keys` that the `Authorization` header carries (constant-time compare of
+    the bytes: any header value, ASCII or not, is a plain mismatch)."""
     token = bearer_token(header)
     if token is None:
         return None
-    return next((name for name, secret in keys.items() if hmac.compare_digest(token, secret)), None)
+    sent = secret_bytes(token)
+    return next((name for name, secret in keys.items() if hmac.compare_digest(sent, secret.encode("utf-8"))), None)
 
 
 def authenticate(g: Gateway, header: str) -> ApiKey | None:

@@ -55,6 +55,7 @@ from router.http.asgi import (
 )
 from router.http.errors import APIError, from_grpc, from_upstream
 from router.http.request_id import request_id
+from router.keys.ratelimit import ADMITTED
 from router.observability.access_log import Outcome
 from router.observability.tracing import RequestTrace
 from router.routing.decide import Decision
@@ -79,13 +80,14 @@ class Served:
 class Exchange:
     """One request as far as it got: filled step by step, read once at the end."""
 
-    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "decision", "served", "status")
+    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "reservation", "decision", "served", "status")
 
     def __init__(self, api: Api, t0: float, trace: RequestTrace | None) -> None:
         self.api, self.t0, self.trace = api, t0, trace
         self.rid: str | None = None
         self.key = None
         self.request: Admitted | None = None
+        self.reservation = ADMITTED  # the key's tokens reserved at admission (none yet)
         self.decision: Decision | None = None
         self.served: Served | None = None
         self.status = 0
@@ -157,8 +159,8 @@ async def _complete(g: Gateway, ex: Exchange, conn: Conn) -> _Reply | None:
     headers = Headers(conn.scope)
     ex.rid = request_id(headers.request_id)
     ex.key = client_key(g, headers)
-    await within_limits(g, ex.key)
     req = ex.request = await admit(g, headers, conn.receive, api=ex.api, rid=ex.rid, key=ex.key)
+    ex.reservation = await within_limits(g, req, g.pools.largest_context())
     d = route(g, ex)
     guard = DisconnectGuard(conn.receive)
     try:
@@ -362,9 +364,9 @@ def _account(g: Gateway, ex: Exchange) -> None:
     sv, d, key = ex.served, ex.decision, ex.key
     tokens = sv.prompt_tokens + sv.completion_tokens if sv is not None else 0
     if key is not None:
-        g.metrics.key_requests_by(key.name, str(status)).inc()
+        g.metrics.key_requests_by(g.metrics.key_label(key.name), str(status)).inc()
         if key.limits.tpm is not None:
-            g.keys.limiter.charge(key, tokens)
+            g.keys.limiter.charge(key, tokens, ex.reservation)
     latency = time.perf_counter() - ex.t0
     pool = sv.pool if sv is not None else d.pool if d is not None else None
     domain = d.domain if d is not None else None

@@ -1,7 +1,8 @@
 """Named client API keys with limits: who may call `/v1/*`, how often, and where their requests go.
 
 A key has a name (operator-defined, bounded: it is a metric label and an audit actor), a secret
-(kept only as its SHA-256; never returned by any endpoint), optional requests-per-minute and
+(kept only as its HMAC-SHA-256 under the gateway's key-hash secret, `secret_hash`; never returned by
+any endpoint), optional requests-per-minute and
 tokens-per-minute limits (router/keys/ratelimit.py) and optional allow-lists of pools and domains.
 
 Keys come from two places, merged by name:
@@ -13,13 +14,18 @@ Keys come from two places, merged by name:
   key's limits, and its secret (when it has one) replaces the static secret; deleting it restores the
   static key.
 
-`KeyRing` is the request path's view: an immutable lookup from the secret's hash to the key, swapped
-whole. Pure: no I/O here.
+`KeyRing` is the request path's view: an immutable lookup from the secret's keyed hash to the key,
+swapped whole. Two keys never share a secret: `build_ring` gives a repeated secret to the first key
+only (and logs it); the admin API refuses one. An entry with only an unsalted SHA-256
+(`secret_sha256`, older versions) is refused: its key keeps its limits but authenticates nothing until
+an operator sets a new secret. Pure: no I/O here (but the log line).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +34,33 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from router.routing.policy import MAX_DOMAINS, MAX_POOLS
 
+log = logging.getLogger("specroute.gateway.keys")
+
 KEYS_KEY = "specroute:keys"
+HASH_SECRET_KEY = "specroute:keys:hash-secret"  # the shared key-hash secret, when the operator sets none
+MIN_SECRET_CHARS = 16
 AUDIT_KEY = "specroute:audit"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_KEYS = 1000  # names are metric label values: keep their number bounded
 
 
-def secret_hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+def secret_bytes(secret: str) -> bytes:
+    """A secret as the bytes it was sent as: header values arrive decoded as Latin-1 (every byte one
+    character), configured secrets as text (UTF-8)."""
+    try:
+        return secret.encode("latin-1")
+    except UnicodeEncodeError:
+        return secret.encode("utf-8")
+
+
+def secret_hash(secret: str, key: bytes) -> str:
+    """HMAC-SHA-256 of the secret's UTF-8 bytes under the gateway's key-hash secret `key`."""
+    return hmac.new(key, secret.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def token_hash(token: str, key: bytes) -> str:
+    """`secret_hash` of a token as received in a header (Latin-1 decoded bytes, see `secret_bytes`)."""
+    return hmac.new(key, secret_bytes(token), hashlib.sha256).hexdigest()
 
 
 class KeyLimits(BaseModel):
@@ -54,12 +79,14 @@ class KeyLimits(BaseModel):
 class KeyWrite(KeyLimits):
     """`PUT /admin/keys/{name}`: the limits, and the secret (required for a key that has none yet)."""
 
-    secret: str | None = Field(default=None, min_length=16, max_length=256)
+    secret: str | None = Field(default=None, min_length=MIN_SECRET_CHARS, max_length=256)
 
 
 class StoredKey(KeyLimits):
-    """A key's entry in `specroute:keys` (the secret only as its hash)."""
+    """A key's entry in `specroute:keys` (the secret only as its keyed hash). `secret_sha256` is read
+    only to refuse it (an unsalted hash of an older version)."""
 
+    secret_hmac: str | None = None
     secret_sha256: str | None = None
 
 
@@ -82,6 +109,7 @@ class ApiKey:
 class KeyRing:
     by_hash: Mapping[str, ApiKey]
     keys: Mapping[str, ApiKey]
+    hash_key: bytes = b""
 
     @property
     def active(self) -> bool:
@@ -91,7 +119,7 @@ class KeyRing:
     def lookup(self, token: str | None) -> ApiKey | None:
         if not token:
             return None
-        key = self.by_hash.get(secret_hash(token))
+        key = self.by_hash.get(token_hash(token, self.hash_key))
         return None if key is None or key.limits.disabled else key
 
 
@@ -99,22 +127,29 @@ EMPTY = KeyRing({}, {})
 
 
 def build_ring(static_secrets: Mapping[str, str], static_limits: Mapping[str, KeyLimits],
-               stored: Mapping[str, StoredKey]) -> KeyRing:
+               stored: Mapping[str, StoredKey], hash_key: bytes) -> KeyRing:
     by_hash: dict[str, ApiKey] = {}
     keys: dict[str, ApiKey] = {}
     for name in list(dict.fromkeys([*static_secrets, *stored]))[:MAX_KEYS]:
         st = stored.get(name)
         static = name in static_secrets
         source = "static+stored" if static and st is not None else ("static" if static else "stored")
-        limits = (KeyLimits.model_validate(st.model_dump(exclude={"secret_sha256"})) if st is not None
-                  else static_limits.get(name, KeyLimits()))
+        limits = (KeyLimits.model_validate(st.model_dump(exclude={"secret_sha256", "secret_hmac"}))
+                  if st is not None else static_limits.get(name, KeyLimits()))
         key = ApiKey(name, limits, source)
         keys[name] = key
-        digest = (st.secret_sha256 if st is not None and st.secret_sha256 else
-                  secret_hash(static_secrets[name]) if static else None)
-        if digest is not None:
-            by_hash[digest] = key
-    return KeyRing(by_hash, keys)
+        if st is not None and st.secret_sha256 and not st.secret_hmac:
+            log.error("key %r has an unsalted SHA-256 secret (older version): refused; set a new secret "
+                      "with PUT /admin/keys/%s", name, name)
+        digest = (st.secret_hmac if st is not None and st.secret_hmac else
+                  secret_hash(static_secrets[name], hash_key) if static else None)
+        if digest is None:
+            continue
+        if digest in by_hash:
+            log.error("keys %r and %r share a secret: %r authenticates nothing", by_hash[digest].name, name, name)
+            continue
+        by_hash[digest] = key
+    return KeyRing(by_hash, keys, hash_key)
 
 
 def parse_limits(value: Any) -> dict[str, KeyLimits]:

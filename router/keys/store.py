@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from router.keys.ratelimit import FAILURES, RateLimiter
 from router.keys.ring import (
     AUDIT_KEY,
     EMPTY,
+    HASH_SECRET_KEY,
     KEYS_KEY,
     KeyLimits,
     KeyRing,
@@ -38,8 +40,13 @@ MAX_AUDIT = 1000
 
 class KeyManager:
     def __init__(self, static_secrets: Mapping[str, str], static_limits: Mapping[str, KeyLimits],
-                 store: PolicyStore | None, metrics: Metrics, interval_s: float) -> None:
+                 store: PolicyStore | None, metrics: Metrics, interval_s: float,
+                 hash_secret: str | None = None) -> None:
         self.static_secrets = dict(static_secrets)
+        # the key secrets' HMAC key: the operator's, else (once Redis answers) the one the gateways share
+        # in Redis; until then a random one, which matches only this process' static keys
+        self.hash_key = hash_secret.encode("utf-8") if hash_secret else secrets.token_bytes(32)
+        self.hash_key_shared = bool(hash_secret) or store is None
         self.static_limits = dict(static_limits)
         self.store = store
         self.metrics = metrics
@@ -55,7 +62,7 @@ class KeyManager:
                         ", ".join(limited))
 
     def _rebuild(self) -> None:
-        self.ring = build_ring(self.static_secrets, self.static_limits, self.stored)
+        self.ring = build_ring(self.static_secrets, self.static_limits, self.stored, self.hash_key)
 
     # -- sync ------------------------------------------------------------------------------------
     async def start(self) -> list[asyncio.Task[None]]:
@@ -67,6 +74,12 @@ class KeyManager:
 
     async def pull(self) -> None:
         assert self.store is not None
+        if not self.hash_key_shared:
+            await self.store.client.set(HASH_SECRET_KEY, secrets.token_hex(32), nx=True)
+            shared = await self.store.client.get(HASH_SECRET_KEY)
+            self.hash_key = shared if isinstance(shared, bytes) else str(shared).encode()
+            self.hash_key_shared = True
+            self._rebuild()
         raw = await self.store.client.hgetall(KEYS_KEY)
         stored: dict[str, StoredKey] = {}
         for k, v in raw.items():
@@ -96,11 +109,17 @@ class KeyManager:
     async def put(self, name: str, write: KeyWrite, actor: str) -> dict[str, Any]:
         """Create or change key `name`; raises `ValueError` for a new key without a secret."""
         store = self._store()
+        if not self.hash_key_shared:
+            raise StoreUnavailable(RuntimeError("the key-hash secret has not been read from Redis yet"))
         old = self.stored.get(name)
-        digest = secret_hash(write.secret) if write.secret else (old.secret_sha256 if old is not None else None)
+        digest = (secret_hash(write.secret, self.hash_key) if write.secret else
+                  old.secret_hmac if old is not None else None)
         if digest is None and name not in self.static_secrets:
             raise ValueError(f"key {name!r} has no secret yet: give one (`secret`, at least 16 characters)")
-        new = StoredKey(**write.model_dump(exclude={"secret"}), secret_sha256=digest)
+        other = self.ring.by_hash.get(digest) if write.secret and digest is not None else None
+        if other is not None and other.name != name:
+            raise ValueError("that secret is already another key's: give each key its own")
+        new = StoredKey(**write.model_dump(exclude={"secret"}), secret_hmac=digest)
         before = self.ring.keys.get(name)
         entry = {"time": time.time(), "actor": actor, "action": "key:put", "key": name,
                  "old": before.public() if before is not None else None,

@@ -36,8 +36,9 @@ class Children(Generic[M]):
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, key_names: bool = False) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.key_names = key_names
         r = self.registry
         self.requests = Counter(
             "specroute_requests_total", "Finished gateway requests", ["domain", "pool", "status"], registry=r
@@ -98,6 +99,9 @@ class Metrics:
             registry=r,
         )
 
+        self.migrations = Counter(
+            "specroute_migrations_total", "Streams continued on another worker after theirs failed",
+            ["from_pool", "to_pool"], registry=r)
         # memoised children of the labelled metrics the request path touches
         self.requests_by = Children(self.requests)
         self.route_decisions_by = Children(self.route_decisions)
@@ -106,6 +110,11 @@ class Metrics:
         self.fallbacks_by = Children(self.fallbacks)
         self.key_requests_by = Children(self.key_requests)
         self.rate_limited_by = Children(self.rate_limited)
+
+    def key_label(self, name: str) -> str:
+        """An API key's `key` label: its name only when the operator opts in (`metrics_key_names`;
+        `/metrics` is unauthenticated), else `redacted`."""
+        return name if self.key_names else "redacted"
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,7 @@ turns them into OpenAI error responses.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,14 @@ class Upstream:
     ttft_s: float = 0.0  # time to first token (the worker's, for a unary call)
     trial: bool = False  # the endpoint's half-open breaker trial (router/workers/breaker.py)
     batch: str = ""  # the request's batch kind (router/routing/affinity.py), counted on its worker
+    # migration (router/workers/migrate.py): called when the stream fails after its first chunk; True
+    # when it moved the stream to another worker (`adopt`), whose chunks then follow
+    resume: Callable[[Upstream, grpc.aio.AioRpcError], Awaitable[bool]] | None = None
+    ids: list[int] | None = None  # the token ids received so far (kept while `resume` is set)
+    chars: int = 0  # and the characters of their text
+    counted: int = 0  # the tokens the chunks said they carried
+    offset: int = 0  # tokens a continuation counts as prompt that are the request's completion
+    migrations: int = 0
     _closed: bool = False
 
     async def chunks(self, on_wait: Callable[[float], None] | None = None) -> AsyncIterator[Any]:
@@ -85,6 +93,8 @@ class Upstream:
         which the call's status is awaited); `on_wait` gets each wait for a further chunk, s."""
         chunk = self.first
         while chunk is not None:
+            if self.resume is not None:
+                self._seen(chunk)
             yield chunk
             if chunk.finish_reason:
                 await self.finish()
@@ -92,6 +102,10 @@ class Upstream:
             t = time.perf_counter()
             try:
                 nxt = await self.call.read()
+            except grpc.aio.AioRpcError as exc:
+                if self.resume is None or not await self.resume(self, exc):
+                    raise
+                nxt = self.first  # the continuation's first chunk
             finally:
                 wait = time.perf_counter() - t
                 self.worker_s += wait
@@ -111,6 +125,29 @@ class Upstream:
                 await self.call.read()  # the call is over: this raises its error
         finally:
             self.worker_s += time.perf_counter() - t
+
+    def _seen(self, chunk: Any) -> None:
+        if self.offset:  # a continuation's counts: its prefix is the request's completion, not prompt
+            if chunk.prompt_tokens:
+                chunk.prompt_tokens -= self.offset
+            if chunk.completion_tokens:
+                chunk.completion_tokens += self.offset
+        if self.ids is None:
+            self.ids = []
+        self.ids.extend(chunk.token_ids)
+        self.chars += len(chunk.text)
+        self.counted += chunk.num_tokens
+
+    def adopt(self, new: Upstream) -> None:
+        """Continue on `new`, the continuation of this stream on another worker: the failed call's
+        endpoint is released, and the counts of `new` are shifted by the tokens already received."""
+        self.endpoint.release(self.trial, self.batch)
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+        self.endpoint, self.pool, self.call, self.first, self.trial = new.endpoint, new.pool, new.call, new.first, new.trial
+        self.attempts += new.attempts
+        self.offset = len(self.ids or ())
+        self.migrations += 1
 
     def failed(self, exc: grpc.aio.AioRpcError) -> None:
         record_rpc_failure(self.endpoint, exc)
@@ -134,12 +171,12 @@ class Dispatcher:
 
     async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float, *,
                    batch: str = "", metadata: tuple[tuple[str, str], ...] | None = None,
-                   unary: bool = False) -> Upstream:
+                   unary: bool = False, exclude: Collection[Endpoint] = ()) -> Upstream:
         """Start the worker call and wait for its first chunk (`unary`: its whole answer), trying the
         pools of `order` (the decision's pool first) and at most `max_attempts` endpoints in all
         (`batch`: the request's batch kind; `metadata`: gRPC metadata of every try, e.g. the trace
-        context)."""
-        tried: set[Endpoint] = set()
+        context; `exclude`: endpoints not to try)."""
+        tried: set[Endpoint] = set(exclude)
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
         chosen = prev_pool = order[0] if order else None

@@ -27,7 +27,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "temperature_bucket")
+    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "temperature_bucket", "prefix_token_ids", "prefix_chars")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class GenerateRequest(_message.Message):
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CHARS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     prompt: str
@@ -54,7 +56,9 @@ class GenerateRequest(_message.Message):
     context: str
     mode: str
     temperature_bucket: str
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., temperature_bucket: _Optional[str] = ...) -> None: ...
+    prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prefix_chars: int
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., temperature_bucket: _Optional[str] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., prefix_chars: _Optional[int] = ...) -> None: ...
 
 class SpecStats(_message.Message):
     __slots__ = ("drafted_tokens", "accepted_tokens", "steps", "mean_accepted_length", "accepted_per_position", "steps_by_drafter")

@@ -190,11 +190,17 @@ def _window(traffic: Traffic, t0: float, extra: list[Outcome] | None = None) -> 
 
 def _row(fault: str, outs: list[Outcome], recovery_s: float | None, **extra: Any) -> dict[str, Any]:
     c = tally(outs)
-    row = {"fault": fault, "sent": len(outs), "served": c["served"], "clean_errors": c["clean"],
+    row = {"fault": fault, "sent": len(outs), "served": c["served"], "failed": len(outs) - c["served"],
+           "clean_errors": c["clean"],
            "hung": c["hung"], "unclean": c["unclean"], "refused": c["refused"],
            "recovery_s": None if recovery_s is None else round(recovery_s, 2), **extra}
     ROWS.append(row)
     return row
+
+
+def _metric_sum(system: System, name: str) -> float:
+    text = httpx.get(system.url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def _check(outs: list[Outcome], *, allow: tuple[str, ...] = ("served", "clean")) -> None:
@@ -236,7 +242,10 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
         # the 20 s deadline on the surviving worker even on a loaded 2-core machine (200 once ran past it at
         # 10 tokens/s while streaming steadily: a gap of 0.38 s at most, slow but not hung)
         with httpx.Client(base_url=system.url) as client:
-            long.append(send(client, k, True, 20.0, max_tokens=120, on_first=first.set))
+            # the streams the kill moves are greedy (their text is checked); the healthy pool's keep the
+            # default temperature (at T=0 they run faster and could end before the kill)
+            long.append(send(client, k, True, 20.0, max_tokens=120, on_first=first.set,
+                             temperature=0.0 if k == kind else None))
         first.set()   # a stream that failed before its first event is judged below, not waited on
 
     started = [threading.Event() for _ in range(4)]
@@ -245,6 +254,7 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
     for t in threads:
         t.start()
     assert all(e.wait(10.0) for e in started), "a long stream sent nothing within 10 s"
+    migrated_before = _metric_sum(system, "specroute_migrations_total")
     pid, t_kill = system.kill(f"{pool} worker")
     back_s = system.wait_back(f"{pool} worker", pid, t_kill)
     resumed = _served_by(system, kind, pool, RESUME_WITHIN_S + 2)
@@ -254,9 +264,18 @@ def test_kill_worker(system: System, traffic: Traffic, pool: str, kind: str, oth
     outs = _window(traffic, t0, long)
     during = [o for o in outs if o.start < t_kill + back_s]
     cut = sum(1 for o in long if o.pool == pool and o.result == "clean")
+    migrated = _metric_sum(system, "specroute_migrations_total") - migrated_before
+    with httpx.Client(base_url=system.url) as client:  # the AR reference: every pool is lossless at T=0
+        ref = {kind: send(client, kind, False, 20.0, max_tokens=120, temperature=0.0)}
+    assert ref[kind].result == "served"
     _row(f"kill -9 {pool} worker", outs, None if resumed is None else back_s + resumed, child_back_s=round(back_s, 2),
-         streams_cut_with_error_event=cut)
-    _check(outs)
+         streams_cut_with_error_event=cut, streams_migrated=int(migrated),
+         t0_streams_equal_reference=sum(1 for o in long if o.kind == kind and o.text == ref[o.kind].text))
+    # another endpoint (the other pool's worker) serves the model: no client sees the kill, and every
+    # stream that was moved mid-way (T=0) says exactly what one worker would have said alone
+    _check(outs, allow=("served",))
+    moved = [o for o in long if o.kind == kind]
+    assert all(o.text == ref[kind].text for o in moved), [(o.pool, o.text[:60], ref[kind].text[:60]) for o in moved]
     healthy = [o for o in outs if o.pool == other]
     assert healthy and all(o.result == "served" for o in healthy), "the healthy pool's requests were touched"
     assert any(o.pool == other and o.stream and o.end > t_kill for o in long), "no healthy stream spanned the kill"
@@ -498,10 +517,7 @@ def test_sigterm_drains_and_stops_everything(system: System, traffic: Traffic) -
     stop_s = time.monotonic() - t0
     for t in threads:
         t.join(30)
-    ROWS.append({"fault": "SIGTERM specroute serve (drain)", "sent": len(streams),
-                 "served": tally(streams)["served"], "clean_errors": tally(streams)["clean"],
-                 "hung": tally(streams)["hung"], "unclean": tally(streams)["unclean"],
-                 "refused": tally(streams)["refused"], "recovery_s": None, "stop_s": round(stop_s, 2)})
+    _row("SIGTERM specroute serve (drain)", streams, None, stop_s=round(stop_s, 2))
     assert code == 0, system.tail()
     _check(streams)
     assert stop_s < 5 + 15

@@ -44,13 +44,18 @@ class Outcome:
     status: int | None = None
     detail: str = ""  # error code, or what went wrong
     max_gap_s: float = 0.0  # longest wait for the next stream event
+    text: str = ""  # the answer's text (a stream's deltas joined)
 
 
 def send(client: httpx.Client, kind: str, stream: bool, deadline_s: float, max_tokens: int = 8,
-         content: str | None = None, on_first: Callable[[], None] | None = None) -> Outcome:
+         content: str | None = None, on_first: Callable[[], None] | None = None,
+         temperature: float | None = None) -> Outcome:
     """One request, classified (never raises); `on_first` is called at a stream's first event."""
-    body = {"model": "specroute", "max_tokens": max_tokens, "stream": stream,
-            "messages": [{"role": "user", "content": content if content is not None else (CHAT if kind == "chat" else CODE)}]}
+    body: dict[str, Any] = {
+        "model": "specroute", "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": content if content is not None else (CHAT if kind == "chat" else CODE)}]}
+    if temperature is not None:
+        body["temperature"] = temperature
     t0 = time.monotonic()
     out = Outcome(kind, stream, t0, t0, "unclean")
     try:
@@ -62,7 +67,7 @@ def send(client: httpx.Client, kind: str, stream: bool, deadline_s: float, max_t
                 out.end = time.monotonic()
                 obj = json.loads(data)
                 if r.status_code == 200 and obj.get("choices"):
-                    out.result = "served"
+                    out.result, out.text = "served", obj["choices"][0]["message"]["content"] or ""
                 elif r.status_code != 200 and is_openai_error(obj):
                     out.result, out.detail = "clean", str(obj["error"]["code"])
                 else:
@@ -78,6 +83,9 @@ def send(client: httpx.Client, kind: str, stream: bool, deadline_s: float, max_t
                 out.max_gap_s = max(out.max_gap_s, now - t_prev)
                 t_prev, events = now, events + 1
                 last = line[6:]
+                if last.startswith("{") and '"choices"' in last:
+                    choices = json.loads(last)["choices"]
+                    out.text += (choices[0]["delta"].get("content") or "") if choices else ""
                 if now - t0 > deadline_s:
                     raise httpx.ReadTimeout("stream past its deadline")
             out.end = time.monotonic()

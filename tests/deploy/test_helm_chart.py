@@ -173,7 +173,7 @@ def test_values_are_checked_against_the_values_schema() -> None:
     with pytest.raises(HelmValuesError, match="engine"):
         chart.render({"pools": {"x": {"engine": "gpt"}}})
     with pytest.raises(HelmValuesError, match="token"):
-        chart.render({"admin": {"token": "s3cret"}})  # a token in values is refused: Secrets only
+        chart.render({"admin": {"token": "s3cret-admin-token"}})  # a token in values is refused: Secrets only
     with pytest.raises(Exception, match="redis.external"):
         chart.render({"redis": {"enabled": False}})
 

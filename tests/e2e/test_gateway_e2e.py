@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
-ADMIN = "e2e-admin-token"
+ADMIN = "e2e-admin-token-0123"
 CHAT = [{"role": "user", "content": "Tell me a short story about a friendly dog."}]
 CODE = [{"role": "user", "content": "Write a Python function `def add(a, b):` that returns a + b.\n```python\n"}]
 

@@ -19,7 +19,7 @@ from router.settings import Settings
 from tests.redis_server import RedisServer
 from tests.router.fake_engine import FakeConfig, FakeEngine
 
-ADMIN = {"authorization": "Bearer s3cret"}
+ADMIN = {"authorization": "Bearer s3cret-admin-token"}
 
 
 def keyword_classify(messages: list[dict[str, str]]) -> tuple[str, dict[str, float], float]:
@@ -49,7 +49,7 @@ def redis_url(redis_srv: RedisServer) -> str:
 
 def settings_for(pools: dict[str, list[str]], redis_url: str | None, **kw: Any) -> Settings:
     base: dict[str, Any] = dict(
-        pools=pools, redis_url=redis_url, admin_tokens="ops:s3cret", health_interval_s=0.1,
+        pools=pools, redis_url=redis_url, admin_tokens="ops:s3cret-admin-token", health_interval_s=0.1,
         stats_interval_s=0.1, breaker_cooldown_s=1.0, seed=1234,
     )
     base.update(kw)

@@ -112,7 +112,12 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
             emitted = 0
             finish = "length"
             pending: list[str] = []  # streamed tokens not sent yet (`chunk_tokens`)
+            start = len(request.prefix_token_ids)  # a continuation: word i has token id i
+            prompt_tokens = words + start
             for i, w in enumerate(fake_text(n)):
+                if i < start:
+                    text += w
+                    continue
                 if c.token_delay_s:
                     await asyncio.sleep(c.token_delay_s)
                 if c.fail == "mid_stream" and i >= c.fail_after:
@@ -123,14 +128,15 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                     finish = "stop"
                     break
                 emitted += 1
-                if held is not None and i > 0:  # coalesce: the first chunk at once, the rest with the final one
+                if held is not None and i > start:  # coalesce: the first chunk at once, the rest with the final one
                     held.append(w)
                     continue
                 pending.append(w)
-                if i > 0 and len(pending) < c.chunk_tokens:
+                if i > start and len(pending) < c.chunk_tokens:
                     continue
                 yield engine_pb2.GenerateChunk(text="".join(pending), num_tokens=len(pending),
-                                               prompt_tokens=words if i == 0 else 0)
+                                               token_ids=range(i + 1 - len(pending), i + 1),
+                                               prompt_tokens=prompt_tokens if i == start else 0)
                 pending = []
             steps = max(1, round(emitted / (1 + c.block_size * alpha)))
             drafted = steps * c.block_size
@@ -141,8 +147,8 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                 mean_accepted_length=1 + accepted / steps,
             )
             yield engine_pb2.GenerateChunk(
-                text="".join(rest), num_tokens=len(rest),
-                finish_reason=finish, prompt_tokens=words, completion_tokens=emitted, stats=stats
+                text="".join(rest), num_tokens=len(rest), token_ids=range(start + emitted - len(rest), start + emitted),
+                finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=emitted, stats=stats
             )
             self.completed += 1
             if self._record is not None:

@@ -30,10 +30,10 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 async def test_one_line_per_request_with_its_decision_and_tokens(tmp_path: Path) -> None:
     path = tmp_path / "access.log"
     async with engines(FakeConfig(), FakeConfig()) as es, running_app(settings_for(
-        {"mtp": [es[0].address], "dfly": [es[1].address]}, None, api_keys="team-a:sk-a",
+        {"mtp": [es[0].address], "dfly": [es[1].address]}, None, api_keys="team-a:sk-a-0123456789abcdef",
         access_log=True, access_log_file=path)
     ) as c:
-        auth = {"authorization": "Bearer sk-a"}
+        auth = {"authorization": "Bearer sk-a-0123456789abcdef"}
         r = await c.post("/v1/chat/completions", json=CHAT, headers={**auth, "x-request-id": "req-1"})
         assert r.status_code == 200
         r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth)

@@ -5,6 +5,7 @@ loaded version, pools that report no acceptance, the charts (from Redis), the po
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,14 @@ from tests.router.fake_engine import FakeConfig
 from tests.router.gateway_thread import GatewayThread
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def wait_js(page: Any, expr: str, timeout: float = 10_000) -> None:
+    """Poll `expr` in the page (the dashboard's CSP forbids the in-page eval `wait_for_function` uses)."""
+    end = time.monotonic() + timeout / 1000
+    while not page.evaluate(expr):
+        assert time.monotonic() < end, f"timed out waiting for {expr}"
+        page.wait_for_timeout(50)
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +42,11 @@ def _gateway() -> GatewayThread:
 def test_dashboard_shows_lost_connection_within_one_refresh(chromium: Any) -> None:
     gw = _gateway()
     page = chromium.new_page()
-    page.add_init_script("sessionStorage.setItem('specroute-admin-token', 's3cret')")
+    page.add_init_script("sessionStorage.setItem('specroute-admin-token', 's3cret-admin-token')")
     try:
         page.goto(gw.url + "/dashboard?refresh=300")
-        page.wait_for_function("document.getElementById('status').textContent.includes('ready')", timeout=10_000)
-        page.wait_for_function("document.querySelectorAll('#pools td.ok').length >= 2", timeout=10_000)
+        wait_js(page, "document.getElementById('status').textContent.includes('ready')", timeout=10_000)
+        wait_js(page, "document.querySelectorAll('#pools td.ok').length >= 2", timeout=10_000)
     finally:
         gw.stop()
     # one refresh (300 ms) plus the fetch's own failure: well under two seconds
@@ -57,28 +66,28 @@ def test_token_storage_apply_needs_a_loaded_version_and_mal_dash(chromium: Any) 
     try:
         page.goto(gw.url + "/dashboard?refresh=300")
         # without a token the policy cannot be loaded: Apply must not fall back to `If-Match: *`
-        page.wait_for_function("document.getElementById('result').textContent.includes('invalid_admin_token')",
+        wait_js(page, "document.getElementById('result').textContent.includes('invalid_admin_token')",
                                timeout=10_000)
         page.fill("#policy", '{"pools": ["mtp", "dfly"], "defaults": {"chat": "mtp", "code": "mtp", '
                              '"math": "mtp"}, "safe_pool": "mtp"}')
         page.click("button:text-is('Apply')")
-        page.wait_for_function("document.getElementById('result').textContent.includes('Reload')", timeout=5_000)
+        wait_js(page, "document.getElementById('result').textContent.includes('Reload')", timeout=5_000)
         assert puts == []
 
         # the token is kept for the tab only
-        page.fill("#token", "s3cret")
+        page.fill("#token", "s3cret-admin-token")
         page.dispatch_event("#token", "change")
-        page.wait_for_function("document.getElementById('pver').textContent.includes('version')", timeout=10_000)
+        wait_js(page, "document.getElementById('pver').textContent.includes('version')", timeout=10_000)
         assert page.evaluate("localStorage.getItem('specroute-admin-token')") is None
-        assert page.evaluate("sessionStorage.getItem('specroute-admin-token')") == "s3cret"
+        assert page.evaluate("sessionStorage.getItem('specroute-admin-token')") == "s3cret-admin-token"
 
         page.click("button:text-is('Apply')")
-        page.wait_for_function("document.getElementById('result').textContent.length > 0 && "
+        wait_js(page, "document.getElementById('result').textContent.length > 0 && "
                                "!document.getElementById('result').textContent.includes('Reload')", timeout=5_000)
         assert len(puts) == 1 and puts[0]["if-match"] == '"0"'
 
         # fake workers report no mean accepted length (0): shown as a dash, not 0.00
-        page.wait_for_function("document.querySelectorAll('#pools td.mal').length >= 2", timeout=10_000)
+        wait_js(page, "document.querySelectorAll('#pools td.mal').length >= 2", timeout=10_000)
         assert set(page.eval_on_selector_all("#pools td.mal", "els => els.map(e => e.textContent)")) == {"—"}
     finally:
         page.close()
@@ -90,7 +99,7 @@ def test_charts_controls_and_phone_width(chromium: Any, redis_url: str) -> None:
                                                   timeseries_interval_s=0.2),
                        [FakeConfig(), FakeConfig()]).start()
     page = chromium.new_page(viewport={"width": 390, "height": 844})  # a phone
-    page.add_init_script("sessionStorage.setItem('specroute-admin-token', 's3cret')")
+    page.add_init_script("sessionStorage.setItem('specroute-admin-token', 's3cret-admin-token')")
     try:
         for text in ("write python code", "hello", "solve 2 + 2 = x"):
             r = httpx.post(gw.url + "/v1/chat/completions", timeout=10,
@@ -98,7 +107,7 @@ def test_charts_controls_and_phone_width(chromium: Any, redis_url: str) -> None:
             assert r.status_code == 200
         page.goto(gw.url + "/dashboard?refresh=300")
         # charts drawn from the samples in Redis: goodput, MAL, shares, latency, requests/errors
-        page.wait_for_function("document.querySelectorAll('#charts svg path.line').length >= 4", timeout=10_000)
+        wait_js(page, "document.querySelectorAll('#charts svg path.line').length >= 4", timeout=10_000)
         titles = page.eval_on_selector_all("#charts .chart h3", "els => els.map(e => e.textContent)")
         assert any("goodput" in t for t in titles) and any("latency" in t for t in titles)
         assert any("routing shares" in t for t in titles)
@@ -112,16 +121,16 @@ def test_charts_controls_and_phone_width(chromium: Any, redis_url: str) -> None:
         page.select_option("select[data-pin='code']", "mtp")
         page.fill("#ctl-threshold", "0.4")
         page.click("#ctl-validate")
-        page.wait_for_function("document.getElementById('ctl-result').textContent.includes('pins.code')", timeout=5_000)
+        wait_js(page, "document.getElementById('ctl-result').textContent.includes('pins.code')", timeout=5_000)
         result = page.inner_text("#ctl-result")
         assert result.startswith("valid") and "uncertainty_threshold: 0.6 → 0.4" in result
         page.click("#ctl-apply")
-        page.wait_for_function("document.getElementById('ctl-result').textContent.includes('applied version')",
+        wait_js(page, "document.getElementById('ctl-result').textContent.includes('applied version')",
                                timeout=5_000)
-        policy = httpx.get(gw.url + "/admin/policy", headers={"authorization": "Bearer s3cret"}).json()
+        policy = httpx.get(gw.url + "/admin/policy", headers={"authorization": "Bearer s3cret-admin-token"}).json()
         assert policy["pins"] == {"code": "mtp"} and policy["uncertainty_threshold"] == 0.4
         # the reloaded controls show the applied policy
-        page.wait_for_function("document.querySelector(\"select[data-pin='code']\").value === 'mtp' && "
+        wait_js(page, "document.querySelector(\"select[data-pin='code']\").value === 'mtp' && "
                                "document.getElementById('pver').textContent.includes('version 2')", timeout=5_000)
     finally:
         page.close()

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.router.conftest import ADMIN, engines, running_app, settings_for, sse_events, uvicorn_app
-from tests.router.fake_engine import FakeConfig
+from tests.router.fake_engine import FakeConfig, fake_text
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]
 
@@ -58,29 +58,64 @@ async def test_invalid_argument_is_not_retried(redis_url: str) -> None:
         assert len(es[0].servicer.requests) + len(es[1].servicer.requests) == 1
 
 
-async def test_worker_killed_mid_stream(redis_url: str) -> None:
+async def _kill_mid_request(c: httpx.AsyncClient, es: list, body: dict) -> httpx.Response:  # type: ignore[type-arg]
+    """`body` sent while the slow endpoint (es[0]) is the least loaded; es[0] stopped once it started."""
+    gw = c.app.state.gateway  # type: ignore[attr-defined]
+    other = gw.pools.pools["mtp"][1] if len(gw.pools.pools["mtp"]) > 1 else None
+    if other is not None:
+        other.worker.inflight = 5   # what every pool has in flight on that worker
+    task = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+    while es[0].servicer.running == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.12)
+    await es[0].stop()  # the worker dies mid-request
+    r = await task
+    if other is not None:
+        other.worker.inflight = 0
+    return r
+
+
+async def test_worker_killed_mid_stream_continues_on_another_endpoint(redis_url: str) -> None:
     slow = FakeConfig(token_delay_s=0.05, default_max_tokens=40)
     async with engines(slow, FakeConfig(token_delay_s=0.0)) as es, running_app(
         settings_for({"mtp": [es[0].address, es[1].address]}, redis_url)
     ) as c:
-        gw = c.app.state.gateway  # type: ignore[attr-defined]
-        # make the slow endpoint the least loaded so it gets the stream
-        gw.pools.pools["mtp"][1].worker.inflight = 5   # what every pool has in flight on that worker
-        task = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 40, "stream": True}))
-        while es[0].servicer.running == 0:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.12)
-        await es[0].stop()  # the worker dies mid-stream
-        r = await task
-        gw.pools.pools["mtp"][1].worker.inflight = 0
+        body = {**CHAT, "max_tokens": 40, "stream": True, "stream_options": {"include_usage": True}}
+        r = await _kill_mid_request(c, es, body)
+        ev = sse_events(r.text)
+        assert r.status_code == 200 and ev[-1] == "[DONE]" and not any("error" in e for e in ev[:-1])
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1] if e.get("choices"))
+        assert text == "".join(fake_text(40))  # the continuation picks up exactly where the dead worker was
+        usage = next(e["usage"] for e in ev[:-1] if e.get("usage"))
+        assert usage["completion_tokens"] == 40 and usage["prompt_tokens"] == 1
+        cont = es[1].servicer.requests[-1]
+        assert 0 < len(cont.prefix_token_ids) < 40 and cont.prefix_chars == len("".join(fake_text(len(cont.prefix_token_ids))))
+        assert 'specroute_migrations_total{from_pool="mtp",to_pool="mtp"} 1.0' in (await c.get("/metrics")).text
+        for _ in range(5):  # the next requests go to the healthy endpoint
+            r = await c.post("/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200
+        assert es[1].servicer.completed == 6
+
+
+async def test_worker_killed_mid_answer_is_retried_elsewhere(redis_url: str) -> None:
+    slow = FakeConfig(token_delay_s=0.05, default_max_tokens=40)
+    async with engines(slow, FakeConfig()) as es, running_app(
+        settings_for({"mtp": [es[0].address, es[1].address]}, redis_url)
+    ) as c:
+        r = await _kill_mid_request(c, es, {**CHAT, "max_tokens": 40})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "".join(fake_text(40))
+        assert r.json()["usage"]["completion_tokens"] == 40
+
+
+async def test_stream_ends_with_an_error_event_when_no_other_endpoint_serves(redis_url: str) -> None:
+    slow = FakeConfig(token_delay_s=0.05, default_max_tokens=40)
+    async with engines(slow) as es, running_app(settings_for({"mtp": [es[0].address]}, redis_url)) as c:
+        r = await _kill_mid_request(c, es, {**CHAT, "max_tokens": 40, "stream": True})
         ev = sse_events(r.text)
         assert r.status_code == 200 and ev[-1] != "[DONE]"
         assert "error" in ev[-1] and ev[-1]["error"]["type"] in ("service_unavailable", "server_error")
         assert any(e.get("choices") and e["choices"][0]["delta"].get("content") for e in ev[:-1])
-        for _ in range(5):  # the next requests go to the healthy endpoint
-            r = await c.post("/v1/chat/completions", json=CHAT)
-            assert r.status_code == 200
-        assert es[1].servicer.completed == 5
 
 
 async def test_deadline(redis_url: str) -> None:
@@ -120,10 +155,10 @@ async def test_client_disconnect_cancels_the_grpc_call(redis_url: str) -> None:
 
 async def test_official_openai_client_sync_and_async(redis_url: str) -> None:
     async with engines(FakeConfig(), FakeConfig()) as es, uvicorn_app(
-        settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, api_keys="k1")
+        settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, api_keys="key-1-0123456789abcdef")
     ) as (url, _app):
         def sync_calls() -> tuple[str, str, list[str]]:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="k1", max_retries=0)
+            client = openai.OpenAI(base_url=url + "/v1", api_key="key-1-0123456789abcdef", max_retries=0)
             models = [m.id for m in client.models.list()]
             r = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
                                                max_tokens=4, temperature=0)
@@ -138,7 +173,7 @@ async def test_official_openai_client_sync_and_async(redis_url: str) -> None:
         full, streamed, models = await asyncio.to_thread(sync_calls)
         assert full == streamed == "Hello from the fake" and "fake-model" in models
 
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k1", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="key-1-0123456789abcdef", max_retries=0)
         r = await client.completions.create(model="fake-model", prompt="def f():", max_tokens=3)
         assert r.choices[0].text == "Hello from the"
         chunks = []

@@ -30,13 +30,14 @@ def bearer(secret: str) -> dict[str, str]:
 
 
 def test_ring_merges_static_and_stored_keys() -> None:
-    ring = build_ring({"a": "sk-a-static", "b": "sk-b"}, {"a": KeyLimits(rpm=5)},
-                      {"a": StoredKey(tpm=100), "c": StoredKey(secret_sha256=secret_hash("sk-c"), disabled=True)})
-    a = ring.lookup("sk-a-static")
+    ring = build_ring({"a": "sk-a-0123456789abcdef-static", "b": "sk-b-0123456789abcdef"}, {"a": KeyLimits(rpm=5)},
+                      {"a": StoredKey(tpm=100),
+                       "c": StoredKey(secret_hmac=secret_hash("sk-c-0123456789abcdef", b"k"), disabled=True)}, b"k")
+    a = ring.lookup("sk-a-0123456789abcdef-static")
     assert a is not None and a.name == "a" and a.source == "static+stored"
     assert (a.limits.rpm, a.limits.tpm) == (None, 100)  # the stored entry overrides the static limits
-    assert ring.lookup("sk-b") is not None and ring.lookup("sk-b").limits == KeyLimits()  # type: ignore[union-attr]
-    assert ring.lookup("sk-c") is None  # disabled
+    assert ring.lookup("sk-b-0123456789abcdef") is not None and ring.lookup("sk-b-0123456789abcdef").limits == KeyLimits()  # type: ignore[union-attr]
+    assert ring.lookup("sk-c-0123456789abcdef") is None  # disabled
     assert ring.lookup("nope") is None and ring.lookup(None) is None
     assert "secret" not in json.dumps([k.public() for k in ring.keys.values()])
 
@@ -45,17 +46,18 @@ def test_ring_merges_static_and_stored_keys() -> None:
 async def test_rpm_limit_gives_429_with_retry_after_and_key_metrics(redis_url: str, tmp_path: Path) -> None:
     log = tmp_path / "access.log"
     async with engines(FakeConfig()) as es, running_app(settings_for(
-        {"mtp": [es[0].address]}, redis_url, api_keys="team-a:sk-a,team-b:sk-b",
-        api_key_limits='{"team-a": {"rpm": 2}}', access_log=True, access_log_file=log)
+        {"mtp": [es[0].address]}, redis_url, api_keys="team-a:sk-a-0123456789abcdef,team-b:sk-b-0123456789abcdef",
+        api_key_limits='{"team-a": {"rpm": 2}}', access_log=True, access_log_file=log,
+        metrics_key_names=True)
     ) as c:
         for _ in range(2):
-            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a"))).status_code == 200
-        r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a"))
+            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a-0123456789abcdef"))).status_code == 200
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a-0123456789abcdef"))
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
         assert 1 <= int(r.headers["retry-after"]) <= 60
         # another key is not affected; the official client sees a RateLimitError
-        assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-b"))).status_code == 200
-        oa = AsyncOpenAI(api_key="sk-a", base_url="http://gateway/v1", http_client=c, max_retries=0)
+        assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-b-0123456789abcdef"))).status_code == 200
+        oa = AsyncOpenAI(api_key="sk-a-0123456789abcdef", base_url="http://gateway/v1", http_client=c, max_retries=0)
         with pytest.raises(RateLimitError):
             await oa.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}])
         m = (await c.get("/metrics")).text
@@ -68,29 +70,30 @@ async def test_rpm_limit_gives_429_with_retry_after_and_key_metrics(redis_url: s
 
 
 @ASYNC
-async def test_tpm_limit_counts_finished_tokens(redis_url: str) -> None:
+async def test_tpm_limit_reserves_and_then_counts_finished_tokens(redis_url: str) -> None:
     async with engines(FakeConfig()) as es, running_app(settings_for(
-        {"mtp": [es[0].address]}, redis_url, api_keys="t:sk-t", api_key_limits='{"t": {"tpm": 10}}')
+        {"mtp": [es[0].address]}, redis_url, api_keys="t:sk-t-0123456789abcdef", api_key_limits='{"t": {"tpm": 10}}')
     ) as c:
         statuses = []
         for _ in range(3):
-            statuses.append((await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-t"))).status_code)
+            statuses.append((await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-t-0123456789abcdef"))).status_code)
             await asyncio.sleep(0.1)  # the tokens are charged in the background
-        assert statuses == [200, 200, 429]  # 2 prompt + 4 completion tokens each: 6, 12 >= 10
+        # 3 (prompt estimate) + 4 reserved, 6 charged: 6 + 7 > 10
+        assert statuses == [200, 429, 429]
 
 
 @ASYNC
 async def test_redis_down_fails_open_with_a_metric() -> None:
     with RedisServer() as r:
         async with engines(FakeConfig()) as es, running_app(settings_for(
-            {"mtp": [es[0].address]}, r.url, api_keys="a:sk-a", api_key_limits='{"a": {"rpm": 1}}')
+            {"mtp": [es[0].address]}, r.url, api_keys="a:sk-a-0123456789abcdef", api_key_limits='{"a": {"rpm": 1}}')
         ) as c:
-            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a"))).status_code == 200
-            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a"))).status_code == 429
+            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a-0123456789abcdef"))).status_code == 200
+            assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a-0123456789abcdef"))).status_code == 429
             r.stop()
             t = time.perf_counter()
             for _ in range(3):
-                assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a"))).status_code == 200
+                assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-a-0123456789abcdef"))).status_code == 200
             assert time.perf_counter() - t < 2.0  # one failed try, then no waiting on Redis
             m = (await c.get("/metrics")).text
             assert "specroute_rate_limit_fail_open_total 3.0" in m
@@ -99,15 +102,15 @@ async def test_redis_down_fails_open_with_a_metric() -> None:
 @ASYNC
 async def test_key_limited_to_pools_and_domains(redis_url: str) -> None:
     async with engines(FakeConfig(), FakeConfig()) as es, running_app(settings_for(
-        {"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, api_keys="p:sk-p,d:sk-d",
+        {"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, api_keys="p:sk-p-0123456789abcdef,d:sk-d-0123456789abcdef",
         api_key_limits='{"p": {"pools": ["mtp"]}, "d": {"domains": ["chat"]}}')
     ) as c:
-        r = await c.post("/v1/chat/completions", json=CODE, headers=bearer("sk-p"))  # code -> dfly by default
+        r = await c.post("/v1/chat/completions", json=CODE, headers=bearer("sk-p-0123456789abcdef"))  # code -> dfly by default
         assert r.status_code == 200 and r.headers["x-specroute-pool"] == "mtp"
         assert r.headers["x-specroute-domain"] == "code"
-        r = await c.post("/v1/chat/completions", json=CODE, headers=bearer("sk-d"))
+        r = await c.post("/v1/chat/completions", json=CODE, headers=bearer("sk-d-0123456789abcdef"))
         assert r.status_code == 403 and r.json()["error"]["code"] == "domain_not_allowed"
-        assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-d"))).status_code == 200
+        assert (await c.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-d-0123456789abcdef"))).status_code == 200
 
 
 @ASYNC

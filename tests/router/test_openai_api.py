@@ -93,7 +93,8 @@ async def test_framework_route_serves_the_same_endpoints(redis_url: str, monkeyp
                 r = await c.post(prefix + "/v1/completions", json={"model": "fake-model", "prompt": "x", "stream": True,
                                                                    "max_tokens": 2})
                 assert sse_events(r.text)[-1] == "[DONE]"
-                r = await c.post(prefix + "/v1/chat/completions", content=b"{nope")
+                r = await c.post(prefix + "/v1/chat/completions", content=b"{nope",
+                                 headers={"content-type": "application/json"})
                 assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
                 r = await c.get(prefix + "/v1/chat/completions")
                 assert r.status_code == 405 and "error" in r.json()
@@ -267,11 +268,11 @@ async def test_oversized_body_and_unknown_routes(redis_url: str) -> None:
 
 async def test_api_keys(redis_url: str) -> None:
     async with engines(FakeConfig()) as es:
-        s = settings_for({"mtp": [es[0].address]}, redis_url, api_keys="alice:k1,bob:k2")
+        s = settings_for({"mtp": [es[0].address]}, redis_url, api_keys="alice:key-1-0123456789abcdef,bob:key-2-0123456789abcdef")
         async with running_app(s) as client:
             r = await client.post("/v1/chat/completions", json=CHAT)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-            r = await client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer k2"})
+            r = await client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer key-2-0123456789abcdef"})
             assert r.status_code == 200
             assert (await client.get("/v1/models")).status_code == 401
             assert (await client.get("/healthz")).status_code == 200

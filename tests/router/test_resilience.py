@@ -200,15 +200,15 @@ async def test_failed_admin_logins_are_recorded(redis_url: str) -> None:
 
 async def test_unnamed_admin_token_is_audited_by_fingerprint(redis_url: str) -> None:
     async with engines(FakeConfig()) as es, running_app(
-        settings_for({"mtp": [es[0].address]}, redis_url, admin_tokens="plain-token")
+        settings_for({"mtp": [es[0].address]}, redis_url, admin_tokens="plain-token-0123456789")
     ) as c:
-        auth = {"authorization": "Bearer plain-token"}
+        auth = {"authorization": "Bearer plain-token-0123456789"}
         doc = (await c.get("/admin/policy", headers=auth)).json()
         r = await c.put("/admin/policy", json={**doc, "exploration_rate": 0.0}, headers={**auth, "if-match": "*"})
         assert r.status_code == 200
         hist = (await c.get("/admin/policy/versions", headers=auth)).json()["versions"]
-        assert hist[0]["actor"] == token_name("plain-token") != "default"
-        assert "plain-token" not in str(hist)
+        assert hist[0]["actor"] == token_name("plain-token-0123456789") != "default"
+        assert "plain-token-0123456789" not in str(hist)
 
 
 async def test_stream_cut_by_shutdown_ends_with_an_error_event(redis_url: str) -> None:

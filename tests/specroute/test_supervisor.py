@@ -173,5 +173,5 @@ def test_admin_token_goes_to_a_private_file(tmp_path: Path, monkeypatch: pytest.
     token = path.read_text().strip()
     assert len(token) >= 20 and token not in hint and str(path) in hint
     assert path.stat().st_mode & 0o777 == 0o600
-    monkeypatch.setenv("SPECROUTE_ADMIN_TOKEN", "mine")
+    monkeypatch.setenv("SPECROUTE_ADMIN_TOKEN", "mine-0123456789abcdef")
     assert admin_token(tmp_path / "other") == ({}, "from your environment")

@@ -25,7 +25,7 @@ from tests.router.fake_engine import FakeConfig
 from tests.router.gateway_thread import GatewayThread
 from tests.vllm.conftest import VllmWorker, alive
 
-ADMIN = {"authorization": "Bearer s3cret"}
+ADMIN = {"authorization": "Bearer s3cret-admin-token"}
 CODE = [{"role": "user", "content": "Write a Python function `def add(a, b):` that returns a + b."}]
 
 

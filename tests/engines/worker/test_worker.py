@@ -63,6 +63,26 @@ def test_streams_tokens_equal_to_plain_decoding(ar_worker, bundle):
     assert dict(final.stats.steps_by_drafter) == {"plain": final.stats.steps}
 
 
+@pytest.mark.parametrize("cut", [1, 9])
+def test_continuation_generates_exactly_the_rest(ar_worker, bundle, cut):
+    """A continuation (the gateway moving a stream whose worker died): given the prompt and the first
+    `cut` tokens of an answer, and the characters of their text already sent, the worker streams the
+    rest: at T=0 the same tokens and text as the whole answer, and the counts of a whole request."""
+    q = "Write a haiku about the sea."
+    tok = Tokenizer.load(bundle)
+    ref = ar_generate(load_model(bundle), tok, tok.encode_chat([{"role": "user", "content": q}]), SamplingParams(),
+                      max_tokens=24, max_len=1024)
+    sent = tok.decode(ref.token_ids[:cut])
+    sent = sent[:-1] if sent.endswith("\ufffd") else sent  # an incomplete character is not sent yet
+    chunks = collect(ar_worker.stub, chat(q, 24, prefix_token_ids=ref.token_ids[:cut], prefix_chars=len(sent)))
+    assert ref.token_ids[:cut] + [t for c in chunks for t in c.token_ids] == ref.token_ids
+    assert sent + "".join(c.text for c in chunks) == ref.text
+    assert chunks[-1].completion_tokens == len(ref.token_ids) - cut
+    with pytest.raises(grpc.RpcError) as e:  # a prefix as long as the whole answer cannot be continued
+        collect(ar_worker.stub, chat(q, 4, prefix_token_ids=ref.token_ids[:4]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_info_load_health_and_metrics(ar_worker):
     info = ar_worker.stub.Info(pb.InfoRequest())
     assert (info.engine, info.max_running, info.max_waiting, info.max_context) == ("ar", 2, 1, 1024)
