@@ -299,7 +299,10 @@ class SpecDecoder:
         if any(hot):
             gen = states[0].generator if len(states) == 1 else self._draft_gen
         drafter.sample_drafts = any(hot)
-        return drafter.propose(ctx, k, temperature, top_p, gen)
+        proposal = drafter.propose(ctx, k, temperature, top_p, gen)
+        if drafter.conditioned_drafts and any(hot):   # their conf at j depends on their drafts before j
+            proposal.conditioned = torch.tensor(hot, dtype=torch.bool)
+        return proposal
 
     def _features(self, states: Sequence[SlotState], out: ForwardOut) -> dict[int, Tensor]:
         """id(drafter) -> its features [B, T, F] of a forward, for every drafter any of `states` feeds."""

@@ -79,7 +79,8 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
     K = int(proposal.tokens.shape[1]) if proposal is not None else 0
     keep = proposal.limits() if proposal is not None else [0] * B
     if proposal is not None and dcut is not None:
-        sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced)
+        cond = proposal.conditioned.tolist() if proposal.conditioned is not None else None
+        sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced, cond)
         keep = [min(a, b) for a, b in zip(sel.keep, keep, strict=True)]
     keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
     t1 = time.perf_counter()
