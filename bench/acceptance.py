@@ -227,12 +227,13 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                             log(f"  LOSSLESS MISMATCH {label(cfg.kind, cfg.k)} {domain} prompt {i}: {chk.reason}")
             exact: list[float | None] = [None] * len(configs)
             if temp > 0 and exactness_samples and ps:
-                hot = SamplingParams(temperature=temp)
-                ar = first_tokens(SpecDecoder(target, None, 50, max_len), ps[0], hot, exactness_samples, 0, seed=seed)
+                hot, room = SamplingParams(temperature=temp), min(max_len, len(ps[0]) + 8)   # 3 tokens, no more
+                ar = first_tokens(SpecDecoder(target, None, 50, room), ps[0], hot, exactness_samples, 0, seed=seed)
                 for j, (cfg, d) in enumerate(configs):
-                    got = first_tokens(SpecDecoder(target, d, 50, max_len, sample_drafts=sample_drafts), ps[0], hot,
+                    got = first_tokens(SpecDecoder(target, d, 50, room, sample_drafts=sample_drafts), ps[0], hot,
                                        exactness_samples, cfg.k, seed=seed + 1)
                     exact[j] = round(homogeneity_p(got, ar), 4)
+                    decoders[j] = SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts)   # its caches again
             for (cfg, _), a, p_exact in zip(configs, accs, exact, strict=True):
                 steps, mal = a.acceptance.steps, a.acceptance.mean_accepted_length
                 tps, ar_tps = _median(a.tps), _median(a.ar_tps)
