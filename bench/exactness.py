@@ -3,8 +3,8 @@ speculative decoder against the same drawn by plain decoding, and a chi-square h
 
 `first_tokens` samples `n` continuations of one prompt through any `SpecDecoder` (many slots at once;
 every row unseeded: its own generator, drafts sampled from q where the decoder samples drafts), each
-to `length` tokens; `homogeneity_p` compares two such histograms (cells with few expected counts are
-pooled into one). A p-value that is not small says nothing was detected at this sample size; a tiny
+to `length` tokens; `homogeneity_p` compares two such histograms (a rare tuple is backed off to its
+prefix, what is still rare is pooled). A p-value that is not small says nothing was detected at this sample size; a tiny
 one (< 0.001) is a finding to chase with the exact tests (`pytest -m exactness`).
 """
 
@@ -47,21 +47,31 @@ def first_tokens(dec: SpecDecoder, ids: Sequence[int], params: SamplingParams, n
 
 
 def homogeneity_p(a: Counter[tuple[int, ...]], b: Counter[tuple[int, ...]], min_expected: float = 5.0) -> float:
-    """Chi-square test that two histograms come from one distribution -> p-value. Cells whose expected
-    count is under `min_expected` in either sample are pooled into one."""
+    """Chi-square test that two histograms of token tuples come from one distribution -> p-value.
+    A tuple whose expected count is under `min_expected` in either sample is backed off to its
+    prefix (the first two tokens, then the first), and what is still too rare is pooled into one
+    cell, so a spread-out distribution is still tested on what it has enough draws of."""
     from scipy.stats import chi2_contingency
 
     na, nb = sum(a.values()), sum(b.values())
-    keys = sorted(set(a) | set(b))
-    big, small_a, small_b = [], 0, 0
-    for key in keys:
-        tot = a.get(key, 0) + b.get(key, 0)
-        if min(tot * na, tot * nb) / (na + nb) >= min_expected:
-            big.append((a.get(key, 0), b.get(key, 0)))
-        else:
-            small_a, small_b = small_a + a.get(key, 0), small_b + b.get(key, 0)
-    if small_a + small_b:
-        big.append((small_a, small_b))
-    if len(big) < 2:
+    if not na or not nb:
         return 1.0
-    return float(chi2_contingency([[x for x, _ in big], [y for _, y in big]])[1])
+
+    def enough(x: int, y: int) -> bool:
+        return min((x + y) * na, (x + y) * nb) / (na + nb) >= min_expected
+
+    cells: list[tuple[int, int]] = []
+    rest = {key: (a.get(key, 0), b.get(key, 0)) for key in set(a) | set(b)}
+    width = max((len(key) for key in rest), default=0)
+    for n in range(width, 0, -1):
+        grouped: dict[tuple[int, ...], tuple[int, int]] = {}
+        for key, (x, y) in rest.items():
+            gx, gy = grouped.get(key[:n], (0, 0))
+            grouped[key[:n]] = (gx + x, gy + y)
+        cells += [c for c in grouped.values() if enough(*c)]
+        rest = {key: c for key, c in grouped.items() if not enough(*c)}
+    if rest:
+        cells.append((sum(x for x, _ in rest.values()), sum(y for _, y in rest.values())))
+    if len(cells) < 2:
+        return 1.0
+    return float(chi2_contingency([[x for x, _ in cells], [y for _, y in cells]])[1])

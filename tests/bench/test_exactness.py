@@ -29,3 +29,10 @@ def test_first_tokens_through_a_drafter_match_plain_decoding():
     got = first_tokens(SpecDecoder(target, _real_drafter("mtp", target, 0).eval(), 50, 32), ids, hot, 400, 2, seed=2)
     assert sum(ar.values()) == sum(got.values()) == 400 and all(len(t) == 3 for t in got)
     assert homogeneity_p(got, ar) > 1e-3
+
+
+def test_rare_tuples_back_off_to_their_prefix():
+    """Every three-token tuple is rare, but their first tokens are not: a difference there is found."""
+    a = Counter({(1, i, j): 1 for i in range(20) for j in range(20)} | {(2, i, j): 1 for i in range(10) for j in range(10)})
+    b = Counter({(2, i, j): 1 for i in range(20) for j in range(20)} | {(1, i, j): 1 for i in range(10) for j in range(10)})
+    assert homogeneity_p(a, b) < 1e-6 and homogeneity_p(a, Counter(a)) == pytest.approx(1.0)
