@@ -10,7 +10,9 @@ same prompts), batch 1, drafts sampled from q at T > 0 by default (`--no-sample-
 - decode tokens/s of the speculative loop and of plain AR decoding, measured in the same run and
   interleaved per prompt (medians over prompts), and the speedup,
 - at temperature 0, a losslessness check of every output against AR greedy decoding (near-ties
-  tolerated only as `engines.lossless.check_lossless` defines them).
+  tolerated only as `engines.lossless.check_lossless` defines them);
+- at temperature > 0, an exactness figure: the chi-square p-value of the first three tokens' histogram
+  against plain decoding's (`bench.exactness`, `--exactness-samples` draws each).
 
 Rows whose mean accepted length is under 1.3 are flagged: a drafter that loads but accepts almost
 nothing is a bug. Writes `acceptance.json` and `acceptance.png` into `--out`.
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
+from bench.exactness import first_tokens, homogeneity_p
 from engines.dcut.profile import cpu_name
 from engines.drafters.base import Drafter
 from engines.drafters.registry import DRAFTERS, load_drafter
@@ -70,6 +73,10 @@ class AcceptanceRow(BaseModel):
     near_ties: int                  # differences at a tolerated near-tie
     low_acceptance: bool            # mean_accepted_length < 1.3: flagged
     drafting: str = "greedy"        # "greedy" (q one-hot) or "sampled" (drafts sampled from q; T > 0 only)
+    # T > 0 only: chi-square homogeneity p-value of the first three tokens of the domain's first prompt,
+    # drawn `exactness_samples` times through this drafter and as many times by plain decoding (`bench.exactness`)
+    exactness_p: float | None = None
+    exactness_samples: int = 0
 
 
 class AcceptanceReport(BaseModel):
@@ -183,7 +190,8 @@ def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks:
 def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
         prompts: dict[str, list[list[int]]], temperatures: list[float], max_tokens: int,
         prompts_hot: int, seed: int, log=print, domains: tuple[str, ...] = DOMAINS,
-        time_budget_s: float | None = None, sample_drafts: bool = True) -> list[AcceptanceRow]:
+        time_budget_s: float | None = None, sample_drafts: bool = True,
+        exactness_samples: int = 0) -> list[AcceptanceRow]:
     """Every (temperature, domain) cell; with a time budget, each cell gets an equal share and stops
     taking new prompts when its share is spent (the rows report how many prompts were measured)."""
     max_len = target.config.max_position_embeddings
@@ -199,7 +207,8 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                 if share is not None and i and time.perf_counter() - t0 > share:
                     log(f"  time budget: stopped after {i} of {len(ps)} prompts")
                     break
-                params = SamplingParams(temperature=temp, seed=seed + i)
+                torch.manual_seed(seed + i)   # unseeded rows (a seeded one drafts greedily): their generators
+                params = SamplingParams(temperature=temp)
                 ar = ar_generate(target, tok, ids, params, max_tokens=max_tokens, max_len=max_len)
                 order = list(range(len(configs)))
                 order = order[i % len(order):] + order[:i % len(order)]   # rotate to spread drift
@@ -216,7 +225,16 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                         accs[j].near_ties += 1 if chk.ok and not chk.identical else 0
                         if not chk.ok:
                             log(f"  LOSSLESS MISMATCH {label(cfg.kind, cfg.k)} {domain} prompt {i}: {chk.reason}")
-            for (cfg, _), a in zip(configs, accs, strict=True):
+            exact: list[float | None] = [None] * len(configs)
+            if temp > 0 and exactness_samples and ps:
+                hot, room = SamplingParams(temperature=temp), min(max_len, len(ps[0]) + 8)   # 3 tokens, no more
+                ar = first_tokens(SpecDecoder(target, None, 50, room), ps[0], hot, exactness_samples, 0, seed=seed)
+                for j, (cfg, d) in enumerate(configs):
+                    got = first_tokens(SpecDecoder(target, d, 50, room, sample_drafts=sample_drafts), ps[0], hot,
+                                       exactness_samples, cfg.k, seed=seed + 1)
+                    exact[j] = round(homogeneity_p(got, ar), 4)
+                    decoders[j] = SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts)   # its caches again
+            for (cfg, _), a, p_exact in zip(configs, accs, exact, strict=True):
                 steps, mal = a.acceptance.steps, a.acceptance.mean_accepted_length
                 tps, ar_tps = _median(a.tps), _median(a.ar_tps)
                 row = AcceptanceRow(
@@ -231,6 +249,7 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                     lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
                     low_acceptance=mal < LOW_ACCEPTANCE,
                     drafting="sampled" if sample_drafts and temp > 0 else "greedy",
+                    exactness_p=p_exact, exactness_samples=exactness_samples if p_exact is not None else 0,
                 )
                 rows.append(row)
                 flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
@@ -238,7 +257,8 @@ def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter
                     f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
                     f"(mean x{row.speedup_mean:.2f}, aggregate x{row.speedup_aggregate:.2f}) "
                     f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
-                    f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}{flag}")
+                    f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}"
+                    + (f" exactness p={row.exactness_p:.3f}" if row.exactness_p is not None else "") + flag)
             log(f"  ({accs[0].prompts} prompts in {time.perf_counter() - t0:.0f}s)")
     return rows
 
@@ -322,6 +342,9 @@ def main(argv: list[str]) -> int:
                     help="at temperature > 0, drafters sample drafts from q (default; --no-sample-drafts: greedy)")
     ap.add_argument("--time-budget", type=float, default=None,
                     help="seconds for the whole run; each (temperature, domain) cell gets an equal share")
+    ap.add_argument("--exactness-samples", type=int, default=400,
+                    help="at temperature > 0: draws of the first three tokens per drafter and per domain for "
+                         "the exactness p-value against plain decoding (0: skip)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="combine acceptance.json files of partial runs (e.g. one per domain) into --out")
     args = ap.parse_args(argv)
@@ -349,7 +372,8 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     rows = run(target, tok, configs, prompts, temps, args.max_tokens, hot, args.seed,
                log=lambda s: print(s, file=sys.stderr, flush=True), domains=domains,
-               time_budget_s=args.time_budget, sample_drafts=args.sample_drafts)
+               time_budget_s=args.time_budget, sample_drafts=args.sample_drafts,
+               exactness_samples=args.exactness_samples)
     report = AcceptanceReport(meta={
         "model": str(model_dir), "max_tokens": args.max_tokens, "threads": args.threads,
         "prompt_split": "held-out (specroute.contracts.split.is_heldout), chat template",
@@ -362,8 +386,10 @@ def main(argv: list[str]) -> int:
         "speedup": "median spec tokens/s / median AR tokens/s; speedup_mean: the same with means over prompts "
                    "(Spec-Bench's convention); speedup_aggregate: all decode tokens / all decode seconds "
                    "(token-weighted: long, hard-to-draft outputs weigh more)",
-        "lossless": "temperature 0 only: token-exact vs AR greedy, near-ties (<1e-4 logit gap) tolerated; "
-                    "T>0 exactness is covered by the distribution tests",
+        "lossless": "temperature 0 only: token-exact vs AR greedy, near-ties (<1e-4 logit gap) tolerated",
+        "exactness_p": "temperature > 0: chi-square homogeneity p-value of the first three tokens of each "
+                       "domain's first prompt, drafter vs plain decoding, exactness_samples draws each "
+                       "(small p: a difference detected; the exact checks are `pytest -m exactness`)",
         "low_acceptance_threshold": LOW_ACCEPTANCE,
         "wall_s": round(time.perf_counter() - t0, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

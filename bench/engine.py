@@ -344,8 +344,9 @@ def count_lossless_failures(target, reqs: list[_Req], reference: dict[str, list[
         ref = reference.get(r.prompt_id)
         if ref is None:
             continue
-        n = min(len(ref), len(r.tokens))
-        if r.tokens[:n] != ref[:n] and not check_lossless(target, r.prompt, r.tokens[:n], ref[:n]).ok:
+        # whole outputs: an output that stops early (or runs on) with an equal prefix is a failure too;
+        # after a near-tie the two may go on differently, lengths included
+        if r.tokens != ref and not check_lossless(target, r.prompt, r.tokens, ref).ok:
             bad += 1
     return bad
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from engines.errors import check_room
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.requests import RequestStats
-from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample, seeded_scores
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
 from specroute.contracts.stats import PLAIN, AcceptanceStats
@@ -59,10 +59,15 @@ def decode_one(model: Transformer, cache: KVCache, slot: int, token: int) -> Ten
     return model.logits(out.hidden[0, -1])
 
 
-def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, position: int) -> int:
+    """The token at absolute `position` from its logits [V]: the argmax (greedy), a seeded request's
+    Gumbel-max (`engines.sampling.seeded_scores`), else a sample from `generator`."""
     if params.greedy:
         return int(logits.argmax(-1))
-    return int(sample(logits_to_probs(logits, params.temperature, params.top_p), generator))
+    probs = logits_to_probs(logits, params.temperature, params.top_p)
+    if params.seed is not None:
+        return int(seeded_scores(probs[None], params.seed, position)[0].argmax())
+    return int(sample(probs, generator))
 
 
 @torch.no_grad()
@@ -82,7 +87,7 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
     steps = 0
     emitted: list[int] = []
     while True:
-        y = next_token(logits, params, gen)
+        y = next_token(logits, params, gen, len(prompt_ids) + len(emitted))
         emitted.append(y)
         state.push(y)
         if not ttft:

@@ -3,6 +3,13 @@
 Every decode path (AR, speculative verification, drafters that sample) goes through
 `logits_to_probs`, so temperature and top-p are applied identically everywhere; that is what
 makes speculative sampling's output distribution equal the target's.
+
+A request with a seed samples by the Gumbel-max rule with noise that is a function of (seed,
+position) only (`seeded_scores`): its token at position t is argmax(log p_t + g_t). That is an exact
+sample of p_t (g_t is fresh Gumbel noise, independent of every earlier token), and it does not
+depend on how many random numbers anything else drew: every engine verifies a seeded row greedily on
+these scores (drafts are accepted iff they equal that argmax), so a seeded request gets the same
+tokens alone or in any batch, with or without drafting, on every path.
 """
 
 from __future__ import annotations
@@ -60,6 +67,22 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     flat = probs.reshape(-1, probs.shape[-1])
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return out.view(probs.shape[:-1])
+
+
+def position_noise(seed: int, position: int, V: int) -> Tensor:
+    """[V] Gumbel noise of a seeded request's token at absolute `position` (a function of both only)."""
+    g = torch.Generator().manual_seed(hash((int(seed), int(position))) & (2**63 - 1))
+    u = torch.rand(V, generator=g, dtype=torch.float64).clamp(1e-300, 1.0 - 1e-16)
+    return -torch.log(-torch.log(u))
+
+
+def seeded_scores(probs: Tensor, seed: int, first_position: int) -> Tensor:
+    """probs [T, V] of the tokens at positions first_position.. -> [T, V] log p + Gumbel noise; the
+    argmax of row t is the seeded request's token there (zero-probability tokens never win)."""
+    T, V = probs.shape
+    noise = torch.stack([position_noise(seed, first_position + t, V) for t in range(T)]) if T \
+        else torch.zeros(0, V, dtype=torch.float64)
+    return torch.log(probs.double()) + noise
 
 
 def make_generator(seed: int | None) -> torch.Generator:

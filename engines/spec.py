@@ -39,7 +39,7 @@ from engines.generate import GenerationResult, next_token
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts, steady_context
 from engines.requests import RequestStats
-from engines.sampling import SamplingParams, logits_to_probs, make_generator
+from engines.sampling import SamplingParams, logits_to_probs, make_generator, seeded_scores
 from engines.slots import SlotState, backlog_groups
 from engines.stopping import StopState
 from engines.tokenizer import Tokenizer
@@ -160,7 +160,7 @@ class SpecDecoder:
         y0 = None
         if b == len(st.prompt):
             logits = self.target.logits(out.hidden[0, -1])           # [V]
-            y0 = next_token(logits, st.params, st.generator)
+            y0 = next_token(logits, st.params, st.generator, b)
             st.y0 = y0
         if st.drafters:
             nxt = st.prompt[a + 1:b + 1] + ([y0] if y0 is not None else [])
@@ -192,7 +192,7 @@ class SpecDecoder:
             st, n = self.slots[s], len(p)
             self.cache.lengths[s] = n
             st.prefilled = n
-            st.y0 = next_token(self.target.logits(out.hidden[b, n - 1]), st.params, st.generator)
+            st.y0 = next_token(self.target.logits(out.hidden[b, n - 1]), st.params, st.generator, n)
             st.feed(feats, b, n, 0, list(p[1:]) + [st.y0])
             firsts.append(st.y0)
         return firsts
@@ -292,14 +292,18 @@ class SpecDecoder:
         """ONE drafter call for its rows, whatever their sampling: per-row temperature and top-p ([B];
         0: greedy drafts, so greedy and sampled rows share the pass rather than one pass per sampling
         mode, which tripled an MTP worker's drafting under mixed API temperatures)."""
-        hot = [self.sample_drafts and drafter.samples_drafts and not st.params.greedy for st in states]
+        hot = [self.sample_drafts and drafter.samples_drafts and not st.params.greedy and st.params.seed is None
+               for st in states]   # a seeded row drafts greedily: it is verified on its seeded scores
         temperature = torch.tensor([st.params.temperature if h else 0.0 for st, h in zip(states, hot, strict=True)])
         top_p = torch.tensor([st.params.top_p if h else 1.0 for st, h in zip(states, hot, strict=True)])
         gen = None
         if any(hot):
             gen = states[0].generator if len(states) == 1 else self._draft_gen
         drafter.sample_drafts = any(hot)
-        return drafter.propose(ctx, k, temperature, top_p, gen)
+        proposal = drafter.propose(ctx, k, temperature, top_p, gen)
+        if drafter.conditioned_drafts and any(hot):   # their conf at j depends on their drafts before j
+            proposal.conditioned = torch.tensor(hot, dtype=torch.bool)
+        return proposal
 
     def _features(self, states: Sequence[SlotState], out: ForwardOut) -> dict[int, Tensor]:
         """id(drafter) -> its features [B, T, F] of a forward, for every drafter any of `states` feeds."""
@@ -349,8 +353,15 @@ class SpecDecoder:
             idx = torch.tensor(greedy)
             a, y = verify_greedy(logits[idx], drafts[idx], keep_t[idx])
             num_acc[idx], nxt[idx] = a, y
+        for b, st in enumerate(states):   # seeded rows: greedy on their seeded scores
+            if st.params.seed is not None and not st.params.greedy:
+                kb = kept[b]
+                p = logits_to_probs(logits[b, :kb + 1], st.params.temperature, st.params.top_p)
+                scores = seeded_scores(p, st.params.seed, int(starts[b]) + 1)
+                a, y = verify_greedy(scores[None], drafts[b:b + 1, :kb], keep_t[b:b + 1])
+                num_acc[b], nxt[b] = a[0], y[0]
         for b, st in enumerate(states):   # sampled rows: each with its own params and generator
-            if st.params.greedy:
+            if st.params.greedy or st.params.seed is not None:
                 continue
             kb = kept[b]   # only this row's own kept drafts: its random stream ignores the batch
             p = logits_to_probs(logits[b:b + 1, :kb + 1], st.params.temperature, st.params.top_p)

@@ -7,8 +7,9 @@ row emitted and what the batcher counts; the controller's own feedback (`observe
 
 Three kinds of step:
 
-- drafted: ONE `draft` for every row, keep per row (all k, or D-Cut's global top-K), ONE `verify`
-  (or one per D-Cut depth group when padding to the widest row costs more than extra forwards);
+- drafted: ONE `draft` for every row, a `VerifyPlan` (keep per row: all k, or D-Cut's global top-K;
+  `plan_verify`), ONE `verify` (or one per D-Cut depth group when padding to the widest row costs more
+  than extra forwards);
 - plain: no drafts (k = 0, or D-Cut found drafting does not pay): `verify(slots, None, 0s)`;
 - probe: while plain steps win, D-Cut drafts for a few rows to keep its estimates current; those are
   verified in their own forward, the others as a plain step.
@@ -19,6 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from engines.dcut.controller import DcutController
 from engines.dcut.selection import Selection, plan_groups, prefix_scores
@@ -67,35 +70,65 @@ def decode_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int]
     return drafted_step(decoder, slots, remaining, k, k_max, dcut, forced)
 
 
+@dataclass
+class VerifyPlan:
+    """One verify batch: what each row verifies and in which forwards, decided from what is known
+    before the drafts it covers are drawn (limits, remaining tokens, D-Cut's scores: each position's
+    is known before its draft, and a row whose scores read its earlier drafts is cut by a stopping
+    rule, `engines.dcut.selection.cut_conditioned`). One per verify batch; shapes: B rows, K drafts."""
+
+    keep: list[int]                     # [B] drafts verified per row (a prefix of its K)
+    groups: list[list[int]]             # row indices per verify forward (one group: a single forward)
+    K: int                              # drafted width (0: a plain step)
+    selection: Selection | None = None  # D-Cut's choice (None: D-Cut off or a plain step)
+    raw: np.ndarray | None = None       # [B, K] D-Cut's raw prefix products (for `observe`)
+
+    @property
+    def kept_fraction(self) -> float | None:
+        """Verified / drafted positions (None: nothing drafted)."""
+        return sum(self.keep) / (len(self.keep) * self.K) if self.K and self.keep else None
+
+
+def plan_verify(proposal: Proposal | None, remaining: Sequence[int], dcut: DcutController | None,
+                forced: Sequence[bool], compute_bound_tokens: float = 0.0) -> VerifyPlan:
+    """The verify plan of a drafted (or plain: proposal None) step: each row's drafts up to its limit,
+    D-Cut's keep where it runs, at most remaining - 1 (the last token is always the target's own);
+    D-Cut's depth groups, or rows of different widths split by the forward cost model."""
+    B = len(remaining)
+    if proposal is None:
+        return VerifyPlan([0] * B, [list(range(B))], 0)
+    K = int(proposal.tokens.shape[1])
+    keep = proposal.limits()
+    sel, raw = None, None
+    if dcut is not None:
+        cond = proposal.conditioned.tolist() if proposal.conditioned is not None else None
+        sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced, cond)
+        keep = [min(a, b) for a, b in zip(sel.keep, keep, strict=True)]
+    keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
+    groups = sel.groups if sel is not None and len(sel.groups) > 1 else [list(range(B))]
+    if sel is None and proposal.widths is not None:   # rows of several modes
+        groups = width_groups(keep, K, compute_bound_tokens)
+    return VerifyPlan(keep, groups, K, sel, raw)
+
+
 def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, k_max: int,
                  dcut: DcutController | None, forced: Sequence[bool]) -> StepResult:
     """Every row drafts k tokens (none when k = 0: a plain step) and verifies its kept prefix."""
-    B = len(slots)
     t0 = time.perf_counter()
-    sel: Selection | None = None
-    raw = None
     use = step_drafters(decoder, slots, remaining) if k > 0 else None   # several modes: who drafts with what
     proposal = (decoder.draft(slots, k, use) if use is not None else decoder.draft(slots, k)) if k > 0 else None
-    K = int(proposal.tokens.shape[1]) if proposal is not None else 0
-    keep = proposal.limits() if proposal is not None else [0] * B
-    if proposal is not None and dcut is not None:
-        sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced)
-        keep = [min(a, b) for a, b in zip(sel.keep, keep, strict=True)]
-    keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
+    plan = plan_verify(proposal, remaining, dcut, forced, getattr(decoder, "compute_bound_tokens", 0.0))
     t1 = time.perf_counter()
-    groups = sel.groups if sel is not None and len(sel.groups) > 1 else [list(range(B))]
-    if sel is None and proposal is not None and proposal.widths is not None:   # rows of several modes
-        groups = width_groups(keep, K, getattr(decoder, "compute_bound_tokens", 0.0))
-    out = verify_groups(decoder, slots, proposal, keep, groups)
+    out = verify_groups(decoder, slots, proposal, plan.keep, plan.groups)
     t2 = time.perf_counter()
-    kept_fraction = sum(keep) / (B * K) if K else None
-    if sel is not None and raw is not None and dcut is not None:
+    sel, keep = plan.selection, plan.keep
+    if sel is not None and plan.raw is not None and dcut is not None:
         steady = decoder.last_ingest <= steady_context(k_max)     # not a catch-up on a long backlog
-        dcut.observe(raw, keep, [len(o) - 1 for o in out], kept_fraction or 0.0,
+        dcut.observe(plan.raw, keep, [len(o) - 1 for o in out], plan.kept_fraction or 0.0,
                      overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel,
                      buckets=buckets_of(decoder, slots))
-    return StepResult(out, keep, kept_fraction, [i for i, kp in enumerate(keep) if kp > 0],
-                      sel.kept_fraction if sel is not None else 1.0, len(groups) - 1)
+    return StepResult(out, keep, plan.kept_fraction, [i for i, kp in enumerate(keep) if kp > 0],
+                      sel.kept_fraction if sel is not None else 1.0, len(plan.groups) - 1)
 
 
 def probe_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, picked: list[int],

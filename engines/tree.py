@@ -13,7 +13,8 @@ Acceptance, lossless for deterministic drafts (the tree is top-k, q one-hot per 
   parent; the deepest accepted node (ties: the first) ends the kept path; emit the target's argmax there.
 - temperature > 0: walk from the root: sample y ~ p at the current node (the request's own generator);
   if a child carries y, move there, else stop and emit y. Every emitted token is a sample of the
-  target's distribution given the emitted prefix, so the output distribution is the target's.
+  target's distribution given the emitted prefix, so the output distribution is the target's. A
+  seeded request's y is its Gumbel-max at that position (`engines.sampling.seeded_scores`).
 
 The forward writes nothing into the cache; the K/V of the kept path (root included) are then written
 at positions n..n+a, the same entries a chain verify would leave, and the length pointer moves to n+a+1.
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from engines.model import ForwardOut, KVCache, Transformer, rope_cos_sin
-from engines.sampling import logits_to_probs, sample
+from engines.sampling import logits_to_probs, sample, seeded_scores
 
 if TYPE_CHECKING:
     from engines.drafters.base import Proposal
@@ -139,8 +140,15 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
         if st.params.greedy:
             continue
         probs = logits_to_probs(logits[b], st.params.temperature, st.params.top_p)  # [M, V]
-        last[b], nxt[b] = accept_walk(lambda i, pr=probs, g=st.generator: int(sample(pr[i], g)),
-                                      tokens[b, 1:].tolist(), parents[b].tolist(), depth[b].tolist(), int(limit[b]))
+        n, seed = int(starts[b]), st.params.seed
+
+        def pick(i: int, pr: Tensor = probs, g: torch.Generator = st.generator, n: int = n, seed: int | None = seed,
+                 dp: Tensor = depth[b]) -> int:   # the token after node i: at position n + depth + 1
+            if seed is not None:
+                return int(seeded_scores(pr[i:i + 1], seed, n + int(dp[i]) + 1)[0].argmax())
+            return int(sample(pr[i], g))
+        last[b], nxt[b] = accept_walk(pick, tokens[b, 1:].tolist(), parents[b].tolist(), depth[b].tolist(),
+                                      int(limit[b]))
     feats = dec.features(dec.drafter, out) if dec.drafter is not None else None
     emitted: list[list[int]] = []
     for b, (s, st) in enumerate(zip(slots, states, strict=True)):

@@ -16,7 +16,9 @@ from engines.dcut.selection import (
     Selection,
     bs_bucket,
     calibrate,
+    cut_conditioned,
     drafting_pays,
+    pre_draft_conf,
     prefix_scores,
     select_keep,
 )
@@ -187,13 +189,20 @@ class DcutController:
         self.skipped_steps += 1
         return []
 
-    def select(self, conf: np.ndarray, forced: Sequence[bool]) -> tuple[Selection, np.ndarray]:
-        """-> (selection, raw prefix products for `observe`)."""
+    def select(self, conf: np.ndarray, forced: Sequence[bool],
+               conditioned: Sequence[bool] | None = None) -> tuple[Selection, np.ndarray]:
+        """conf [B, K] (each known before its draft is drawn), forced [B], conditioned [B] (rows whose
+        conf at j reads their drafts before j: `Proposal.conditioned`) -> (selection, raw prefix
+        products for `observe`)."""
         raw = prefix_scores(conf)
-        scores = prefix_scores(conf, self.calibration.factors())
-        sel = select_keep(scores, self.table, forced, self.ratios, self.draft_ms(conf.shape[0]) / self.cost_scale,
-                          cut_margin=self.cut_margin)
-        return sel, raw
+        factors = self.calibration.factors()
+        scores = prefix_scores(conf, factors)
+        overhead = self.draft_ms(conf.shape[0]) / self.cost_scale
+        if conditioned is None or not any(conditioned):
+            return select_keep(scores, self.table, forced, self.ratios, overhead, cut_margin=self.cut_margin), raw
+        proxy = prefix_scores(pre_draft_conf(conf, conditioned), factors)
+        sel = select_keep(proxy, self.table, forced, self.ratios, overhead, cut_margin=self.cut_margin)
+        return cut_conditioned(sel, proxy, scores, conditioned, self.table, forced), raw
 
     def observe(self, raw: np.ndarray, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float,
                 overhead_ms: float | None = None, verify_ms: float | None = None,

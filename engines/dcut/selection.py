@@ -3,6 +3,8 @@
 - `prefix_scores`: draft confidences -> calibrated survival estimates P(L >= j) per row and position;
 - `select_keep`: the global top-K over those scores under the cost table, with the ratio of the best
   expected throughput (`plan_groups` splits the rows into at most a few padded verify forwards);
+- `pre_draft_conf` / `cut_conditioned`: the same decision when a row's later confidences read its
+  earlier drafts (it may look only at what is known before the draft it decides on);
 - `calibrate` / `Calibration`: per-position factors learned from observed acceptance;
 - `drafting_pays`: whether a speculative step beats a plain one at all.
 """
@@ -128,6 +130,53 @@ def select_keep(scores: np.ndarray, table: CostTable, forced: Sequence[bool] | N
     assert best is not None
     _, rho, keep, expected, cost, groups = best
     return Selection([int(x) for x in keep], float(rho), int(keep.sum()) / (B * K), expected, cost, full_cost,
+                     groups)
+
+
+# --------------------------------------------------------------------------------------------------
+# exactness: a decision that never looks at the draft it decides on
+
+
+def pre_draft_conf(conf: np.ndarray, conditioned: Sequence[bool]) -> np.ndarray:
+    """conf [B, K] -> what is known of every row's confidences before any of its drafts is drawn: a
+    conditioned row's conf at j > 0 depends on its drafts before j, so it is replaced by its first
+    (each position taken to be as confident as the first); the other rows' are all known already."""
+    c = np.array(conf, dtype=np.float64)
+    rows = np.asarray(conditioned, dtype=bool)
+    if c.size and rows.any():
+        c[rows] = c[rows, :1]
+    return c
+
+
+def cut_conditioned(sel: Selection, proxy: np.ndarray, scores: np.ndarray, conditioned: Sequence[bool],
+                    table: CostTable, forced: Sequence[bool] | None = None, max_groups: int = 3) -> Selection:
+    """A selection made on `proxy` [B, K] (`prefix_scores` of `pre_draft_conf`) -> the one to run.
+
+    Position j of a conditioned row may be verified on what is known before d_j is drawn: its
+    confidences up to j (which read its drafts before j), never later ones (which read d_j). The
+    selection over the proxies sets a threshold, its lowest kept score (none kept: +inf; all kept:
+    -inf), and a conditioned row keeps the prefix of its real `scores` at or above it: whether j is
+    verified reads scores[b, :j+1] only, a stopping rule, so the verified drafts stay distributed as
+    q and the rejection rule exact. The other rows keep the selection's own keep; groups and cost are
+    planned again for the keep that results."""
+    B, K = scores.shape
+    cond = np.asarray(conditioned, dtype=bool)
+    forced_mask = np.zeros(B, dtype=bool) if forced is None else np.asarray(forced, dtype=bool)
+    cut = cond & ~forced_mask
+    if B == 0 or K == 0 or not cut.any():
+        return sel
+    kept = np.asarray(sel.keep)
+    free = ~forced_mask
+    if int(kept[free].sum()) == int(free.sum()) * K:
+        threshold = -np.inf
+    else:
+        lowest = [proxy[b, kept[b] - 1] for b in np.nonzero(free & (kept > 0))[0]]
+        threshold = min(lowest) if lowest else np.inf
+    keep = kept.copy()
+    keep[cut] = (scores[cut] >= threshold).sum(1)   # scores are non-increasing: a prefix
+    groups, cost = plan_groups(keep, K, table, max_groups)
+    expected = float(B) + float(np.where(np.arange(K)[None, :] < keep[:, None], scores, 0.0).sum())
+    return Selection([int(x) for x in keep], sel.ratio, int(keep.sum()) / (B * K), expected, cost, sel.full_cost_ms,
                      groups)
 
 

@@ -53,13 +53,18 @@ class DraftContext:
 @dataclass
 class Proposal:
     tokens: Tensor              # [B, k] drafted token ids
-    conf: Tensor                # [B, k] draft probability of each drafted token (D-Cut scores)
+    conf: Tensor                # [B, k] D-Cut's score of each position: known before its draft is drawn
+                                # (the largest probability of q_j; `engines.drafters.head.pick_tokens`)
     probs: Tensor | None = None  # [B, k, V] draft distributions if drafts were sampled, else None
                                  # (None means greedy drafting: q is one-hot at `tokens`)
     parents: Tensor | None = None  # [B, k] tree drafts (`engines/tree.py`): parent of each node
                                    # (-1: y0; parents precede children); None: a chain
     widths: Tensor | None = None   # [B] drafts row b really has (the rest is padding: a batch whose rows
                                    # draft with different drafters, or not at all); None: k for every row
+    conditioned: Tensor | None = None  # [B] bool: row b's q_j (so conf[b, j]) depends on its drafts before
+                                       # j (sampled rows of a chain or predecessor-conditioned drafter):
+                                       # D-Cut may read conf[b, j] to decide position j and later ones
+                                       # only; None: no such row
 
     def limits(self) -> list[int]:
         """Drafts each row may verify at most."""
@@ -76,6 +81,7 @@ class Proposal:
         tokens = torch.zeros(batch, k, dtype=torch.long)
         conf = torch.zeros(batch, k)
         widths = torch.zeros(batch, dtype=torch.long)
+        conditioned = torch.zeros(batch, dtype=torch.bool)
         sampled = [p.probs for _, p in parts if p.probs is not None]
         probs = torch.zeros(batch, k, sampled[0].shape[-1]) if sampled else None
         for rows, p in parts:
@@ -84,17 +90,21 @@ class Proposal:
             w = int(p.tokens.shape[1])
             tokens[idx, :w], conf[idx, :w] = p.tokens.long(), p.conf.float()
             widths[idx] = torch.tensor(p.limits(), dtype=torch.long)
+            if p.conditioned is not None:
+                conditioned[idx] = p.conditioned
             if probs is not None:
                 probs[idx, :w] = p.probs.float() if p.probs is not None else \
                     torch.nn.functional.one_hot(p.tokens.long(), probs.shape[-1]).float()
-        return Proposal(tokens, conf, probs, widths=None if bool((widths == k).all()) else widths)
+        return Proposal(tokens, conf, probs, widths=None if bool((widths == k).all()) else widths,
+                        conditioned=conditioned if bool(conditioned.any()) else None)
 
     def rows(self, rows: Sequence[int]) -> Proposal:
         """The proposal restricted to some rows, in that order."""
         idx = torch.tensor(list(rows), dtype=torch.long)
         return Proposal(self.tokens[idx], self.conf[idx], self.probs[idx] if self.probs is not None else None,
                         self.parents[idx] if self.parents is not None else None,
-                        self.widths[idx] if self.widths is not None else None)
+                        self.widths[idx] if self.widths is not None else None,
+                        self.conditioned[idx] if self.conditioned is not None else None)
 
 
 class Drafter(nn.Module):
@@ -123,6 +133,10 @@ class Drafter(nn.Module):
     # at T > 0 drafts are sampled from q at the request's temperature; False: proposals ignore the
     # sampling settings (a deterministic tree, verified exactly at any temperature)
     samples_drafts: ClassVar[bool] = True
+    # q_j depends on the drafts before j (a chain, or a block whose slots read their predecessor); False:
+    # an independent block (every q_j is known before any draft is drawn). D-Cut reads the confidences
+    # of a sampled conditioned row only as a stopping rule (`engines.dcut.selection.cut_conditioned`)
+    conditioned_drafts: ClassVar[bool] = True
 
     cfg: DraftConfig
 

@@ -35,6 +35,7 @@ def fusion_prior(num_layers: int, num_sources: int) -> Tensor:
 
 class DFlashDrafter(Drafter):
     kind = "dflash"
+    conditioned_drafts = False      # every slot's q is known before any draft is drawn
     objective = "block"
 
     variant_overrides: ClassVar[dict[str, object]] = {}   # what a variant adds to DFlash's defaults

@@ -48,6 +48,7 @@ class Correction(nn.Module):
 class DFlyDrafter(DFlashDrafter):
     kind = "dfly"
     objective_note = "correction head teacher-forced"
+    conditioned_drafts = True       # slot j reads the draft before it
 
     @classmethod
     def config_overrides(cls, target: Transformer) -> dict[str, object]:

@@ -13,7 +13,7 @@ one r-wide gather and an [N, r] matmul per slot (N = draft vocabulary).
 
 Confidence-scheduled block length: `Proposal.conf` carries conf_j, a calibrated per-position
 acceptance estimate instead of the draft's softmax probability (greedy drafting; sampled drafts report
-q(d) as every drafter does). D-Cut (`engines/dcut/`) turns the
+the largest probability of q_j, known before the draft is drawn, as every drafter does). D-Cut (`engines/dcut/`) turns the
 prefix products of exactly these numbers and the profiled verify-cost curve into each row's verified
 length per step, which is DSpark's "confidence-scheduled verification" (DeepSeek's scheduler and
 vLLM's `enable_adaptive_verification` do the same with a capacity curve). Without D-Cut the whole
@@ -40,6 +40,7 @@ class DSparkDrafter(DFlashDrafter):
     kind = "dspark"
     objective = "spark"
     objective_note = "Markov bias teacher-forced; confidence head BCE on acceptance"
+    conditioned_drafts = True       # slot j's Markov bias reads the draft before it
     variant_overrides = {"markov_rank": MARKOV_RANK}      # DFlash's defaults with a rank-32 bigram bias
 
     def __init__(self, target: Transformer, cfg: DraftConfig) -> None:
@@ -96,7 +97,7 @@ class DSparkDrafter(DFlashDrafter):
             e = self.markov_in(prev)                             # [B, r]
             z = base[:, j] + F.linear(e.to(rows.dtype), rows).float()
             prev, c, p = head.pick(z, temperature, top_p, sampling, generator)
-            if not bool(hot.all()):   # the head was fitted to greedy acceptance; sampled drafts keep q(d)
+            if not bool(hot.all()):   # the head was fitted to greedy acceptance; sampled drafts keep max q
                 c = torch.where(hot, c, torch.sigmoid(self.confidence(torch.cat([h[:, j], e.to(h.dtype)], -1)).float()[:, 0]))
             toks.append(prev)
             confs.append(c)

@@ -63,7 +63,7 @@ class DraftHead:
     def pick(self, logits: Tensor, temperature: RowParam, top_p: RowParam, sample: bool,
              generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """logits [B, N] -> (token ids [B], confidence [B], full draft distribution [B, V] | None).
-        Greedy unless sampling drafts at temperature > 0; confidence = draft probability of the token."""
+        Greedy unless sampling drafts at temperature > 0; confidence as `pick_tokens`."""
         idx, conf, probs = pick_tokens(logits, temperature, top_p, sample, generator)
         return self.tokens(idx), conf, None if probs is None else self.full_probs(probs)
 
@@ -93,8 +93,11 @@ def hot_rows(temperature: RowParam, sample_drafts: bool, batch: int) -> Tensor:
 def pick_tokens(logits: Tensor, temperature: RowParam, top_p: RowParam, sample_drafts: bool,
                 generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """logits [B, V] -> (token [B], conf [B], probs [B, V] | None).
-    Greedy unless the drafter samples drafts and temperature > 0; conf = draft prob of the token.
-    Per-row parameters ([B] tensors) let greedy and sampled rows share one call: a greedy row's
+    Greedy unless the drafter samples drafts and temperature > 0. conf = the largest probability of
+    the distribution the token is picked from (greedy: the token's own): it is known before the token
+    is drawn, so D-Cut, which reads it to decide what to verify, never looks at the draft it decides
+    on (a score of q(d) would verify likely drafts more often than unlikely ones, and the verified
+    drafts would no longer be distributed as q). Per-row parameters ([B] tensors) let greedy and sampled rows share one call: a greedy row's
     probs are the one-hot of its token (what greedy drafting means to verification)."""
     hot = hot_rows(temperature, sample_drafts, logits.shape[0])
     n_hot = int(hot.sum())
@@ -106,7 +109,7 @@ def pick_tokens(logits: Tensor, temperature: RowParam, top_p: RowParam, sample_d
         temperature = torch.where(hot, temperature.float(), 1.0)   # greedy rows: anything > 0, replaced below
     probs = logits_to_probs(logits, temperature, top_p)
     tok = sample(probs, generator)
-    conf = probs.gather(-1, tok[:, None]).squeeze(-1)
+    conf = probs.max(-1).values
     if n_hot < logits.shape[0]:
         g_conf, g_tok = torch.softmax(logits.float(), dim=-1).max(-1)
         tok, conf = torch.where(hot, tok, g_tok), torch.where(hot, conf, g_conf)

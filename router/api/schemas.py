@@ -1,7 +1,10 @@
 """OpenAI request bodies (the subset we serve) as pydantic models.
 
-Unknown OpenAI parameters are accepted and ignored (like vLLM); parameters we cannot honour
-(`n > 1`, `logprobs`, tools, token-id prompts, ...) are rejected with a 400 by `check_supported`.
+Nothing is silently ignored. Every parameter is honoured, or has nothing to honour (bookkeeping:
+`user`, `metadata`, `service_tier`, ...: `NO_EFFECT`), or is rejected with a 400 that names it by
+`check_supported`: parameters we cannot honour (`n > 1`, `logprobs`, tools, token-id prompts,
+presence and frequency penalties other than 0, `logit_bias`, `top_k`, ...) and parameters the OpenAI
+schema does not have (as OpenAI does: "unrecognized request argument").
 """
 
 from __future__ import annotations
@@ -45,8 +48,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# parameters of the OpenAI schemas that change nothing a worker samples (accepted as they are)
+NO_EFFECT: frozenset[str] = frozenset({"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                                       "parallel_tool_calls"})
+
+
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")   # unknown parameters are refused by name (`common_checks`)
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
@@ -60,6 +68,9 @@ class _Sampling(BaseModel):
     user: str | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    top_k: int | None = None             # not OpenAI's (vLLM's): -1 or 0 means off
+    store: bool | None = None
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
     best_of: int | None = None
@@ -88,12 +99,28 @@ class _Sampling(BaseModel):
         return self.max_tokens
 
     def common_checks(self) -> None:
+        for name in self.model_extra or {}:
+            if name not in NO_EFFECT:
+                raise APIError(400, f"unsupported or unrecognized parameter: {name}", param=name,
+                               code="unsupported_parameter")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0.0):
+                raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
+        if self.top_k not in (None, -1, 0):
+            raise APIError(400, "top_k is not supported (only -1 or 0: off)", param="top_k",
+                           code="unsupported_parameter")
+        if self.store:
+            raise APIError(400, "store is not supported (completions are not stored)", param="store",
+                           code="unsupported_parameter")
         if self.n is not None and self.n != 1:
             raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
         if self.best_of is not None and self.best_of != 1:
             raise APIError(400, "only best_of=1 is supported", param="best_of", code="unsupported_parameter")
         if self.logprobs not in (None, False, 0) or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs", code="unsupported_parameter")
+            param = "top_logprobs" if self.top_logprobs else "logprobs"
+            raise APIError(400, f"{param} are not supported", param=param, code="unsupported_parameter")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options",
                            code="invalid_value")
@@ -110,6 +137,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    modalities: list[str] | None = None
     functions: list[dict[str, Any]] | None = None  # the legacy form of `tools`: refused the same way
     function_call: Any = None
     response_format: dict[str, Any] | None = None
@@ -123,7 +151,10 @@ class ChatCompletionRequest(_Sampling):
             raise APIError(400, "tools are not supported", param="tools", code="unsupported_parameter")
         if self.functions or self.function_call not in (None, "none"):
             param = "functions" if self.functions else "function_call"
-            raise APIError(400, "functions (the legacy form of tools) are not supported", param=param,
+            raise APIError(400, f"{param} (the legacy form of tools) is not supported", param=param,
+                           code="unsupported_parameter")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise APIError(400, "modalities: only [\"text\"] is supported", param="modalities",
                            code="unsupported_parameter")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise APIError(400, "only response_format type 'text' is supported", param="response_format",

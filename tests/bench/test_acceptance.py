@@ -44,7 +44,8 @@ def bundle(tmp_path_factory):
 def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
     out = tmp_path / "results"
     rc = specroute(["bench", "acceptance", "--model", str(bundle), "--out", str(out), "--prompts", "2",
-                    "--prompts-hot", "1", "--max-tokens", "8", "--threads", "1", "--blocks", "8"])
+                    "--prompts-hot", "1", "--max-tokens", "8", "--threads", "1", "--blocks", "8",
+                    "--exactness-samples", "60"])
     assert rc == 0
     report = AcceptanceReport.model_validate(json.loads((out / "acceptance.json").read_text()))
     assert (out / "acceptance.png").stat().st_size > 10_000
@@ -64,6 +65,8 @@ def test_acceptance_benchmark_writes_rows_and_chart(bundle, tmp_path, capsys):
         assert r.low_acceptance == (r.mean_accepted_length < 1.3)
         assert len(r.acceptance_per_position) <= r.k
         assert r.drafting == ("sampled" if r.temperature > 0 else "greedy")   # the default at T > 0
+        assert (r.exactness_p is not None and 0.0 <= r.exactness_p <= 1.0 and r.exactness_samples == 60) \
+            if r.temperature > 0 else (r.exactness_p is None and r.exactness_samples == 0)
     greedy = [r for r in report.rows if r.temperature == 0]
     for kind in ("mtp", "dfly"):   # drafts were accepted, and every output still matched greedy AR
         assert max(r.mean_accepted_length for r in greedy if r.drafter == kind) > 1.0, kind

@@ -150,3 +150,27 @@ def test_a_cut_must_beat_full_verification_by_the_margin():
         batch = [select_keep(np.repeat(s, 16, axis=0), table, overhead_ms=196.2, cut_margin=m) for m in (0.0, 0.1)]
         assert batch[0].keep == batch[1].keep and batch[1].kept_fraction <= 0.5
         assert batch[1].cost_ms < 0.65 * batch[1].full_cost_ms
+
+
+@pytest.mark.exactness
+def test_a_conditioned_rows_cut_at_j_reads_only_its_confidences_up_to_j():
+    """Whether position j of a conditioned row is verified may read conf[b, :j+1] (q_j and the drafts
+    before j) and nothing after it (which reads d_j): redraw everything after j and the decision at j stays."""
+    from engines.dcut.controller import DcutController
+
+    rng = np.random.default_rng(3)
+    K = 6
+    ctl = DcutController(CostTable.linear(K, base_ms=1.0, per_token_ms=0.6, batch_sizes=(1, 2, 4, 8)), K)
+    cut = 0
+    for _ in range(200):
+        B = int(rng.integers(1, 5))
+        conf = rng.uniform(0.05, 1.0, (B, K))
+        cond = list(rng.random(B) < 0.6)
+        keep = ctl.select(conf, [False] * B, cond)[0].keep
+        cut += sum(k < K for k in keep)
+        for b in [b for b in range(B) if cond[b]]:
+            for j in range(K):
+                other = conf.copy()
+                other[b, j + 1:] = rng.uniform(0.05, 1.0, K - j - 1)
+                assert (ctl.select(other, [False] * B, cond)[0].keep[b] > j) == (keep[b] > j)
+    assert cut > 0

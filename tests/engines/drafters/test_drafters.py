@@ -152,7 +152,7 @@ def test_sampled_drafts_return_distributions(target, kind):
         return
     assert p.probs is not None and p.probs.shape == (2, 3, TINY.vocab_size)
     torch.testing.assert_close(p.probs.sum(-1), torch.ones(2, 3))
-    torch.testing.assert_close(p.probs.gather(-1, p.tokens[..., None]).squeeze(-1), p.conf)
+    torch.testing.assert_close(p.probs.max(-1).values, p.conf)   # D-Cut's score: known before the draft
 
 
 @pytest.mark.parametrize("kind", KINDS)
