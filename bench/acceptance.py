@@ -41,7 +41,8 @@ from engines.generate import GenerationResult, ar_generate
 from engines.lossless import check_lossless
 from engines.model import Transformer, load_model
 from engines.sampling import SamplingParams
-from engines.spec import SpecDecoder, spec_generate
+from engines.spec import SpecDecoder
+from engines.spec_generate import spec_generate
 from engines.tokenizer import Tokenizer
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError

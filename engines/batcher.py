@@ -284,7 +284,8 @@ class Batcher:
                 self._pending -= 1
             a.slot = self._free.pop(0)
             try:
-                self.decoder.start(a.slot, a.req.prompt_ids, a.req.params, a.req.mode or None, a.req.domain)
+                self.decoder.start(a.slot, a.req.prompt_ids, a.req.params, a.req.mode or None, a.req.domain,
+                                  a.req.temperature_bucket)
             except Exception as exc:
                 self._finish(a, "error", error=str(exc))
                 continue

@@ -19,7 +19,7 @@ from engines.drafters.registry import DRAFTERS, engine_kinds
 from engines.errors import EngineError
 from engines.factory import LoadedEngine, load_engine, new_decoder
 from engines.sampling import SamplingParams
-from engines.spec import spec_generate
+from engines.spec_generate import spec_generate
 from specroute.errors import UserError
 
 

@@ -1,5 +1,5 @@
-"""Speculative decoding over the slot cache: batched `draft` and `verify` phases plus a
-single-request loop (`spec_generate`) on top.
+"""Speculative decoding over the slot cache: batched `draft` and `verify` phases (the single-request
+loop on top is `engines/spec_generate.py`).
 
 `SpecDecoder` owns the target's `KVCache` and per-slot request state. One step is
 
@@ -35,14 +35,11 @@ from torch import Tensor
 
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
-from engines.generate import GenerationResult, next_token
+from engines.generate import next_token
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts, steady_context
-from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator, seeded_scores
 from engines.slots import SlotState, backlog_groups
-from engines.stopping import StopState
-from engines.tokenizer import Tokenizer
 from engines.tree import verify_tree
 from engines.verify import verify_greedy, verify_sample
 from specroute.contracts.stats import PLAIN, AcceptanceStats
@@ -125,8 +122,9 @@ class SpecDecoder:
 
     # --- request lifecycle -------------------------------------------------------------------
     def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams, mode: str | None = None,
-              domain: str = "") -> None:
-        """Take `slot` for a request in `mode` (None: the default mode) of `domain` (the router's label)."""
+              domain: str = "", bucket: str = "") -> None:
+        """Take `slot` for a request in `mode` (None: the default mode) of `domain` (the router's label)
+        and temperature `bucket` (the gateway's, from the wire; "": derived once from `params`)."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
         mode = self.default_mode if mode is None or (mode == "" and "" not in self.modes) else mode
@@ -143,7 +141,7 @@ class SpecDecoder:
         for d in drafters:
             d.reset(slot)
         self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed), mode=mode,
-                                     domain=domain, drafter=drafter, drafters=drafters)
+                                     domain=domain, drafter=drafter, drafters=drafters, bucket=bucket)
 
     @torch.no_grad()
     def prefill_step(self, slot: int, max_tokens: int) -> int | None:
@@ -397,34 +395,3 @@ class SpecDecoder:
         if st is None or st.y0 is None:
             raise RuntimeError(f"slot {slot} has no prefilled request")
         return st
-
-
-@torch.no_grad()
-def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, prompt_ids: list[int],
-                  params: SamplingParams, max_tokens: int = 128, stop: tuple[str, ...] = (), k: int = 3,
-                  max_len: int | None = None, decoder: SpecDecoder | None = None,
-                  slot: int = 0) -> GenerationResult:
-    """One request through draft/verify steps (drafter None: plain decoding through the same path).
-    Stop strings, EOS and max_tokens are applied token by token, so an accepted block is cut exactly
-    where plain decoding would stop."""
-    max_len = max_len or (decoder.max_len if decoder else target.config.max_position_embeddings)
-    check_room(len(prompt_ids), max_len)
-    max_tokens = min(max_tokens, max_len - len(prompt_ids))
-    if max_tokens <= 0:
-        raise EngineError("max_tokens must be positive")
-    dec = decoder or SpecDecoder(target, drafter, 1, max_len)
-    state = StopState(tok.decode, frozenset(target.config.eos_ids), stop, max_tokens)
-    t0 = time.perf_counter()
-    y0 = dec.prefill(slot, prompt_ids, params)
-    ttft = time.perf_counter() - t0
-    emitted = [y0]
-    state.push(y0)
-    while not state.done:
-        kk = max(0, min(k, max_tokens - len(emitted) - 1))   # never draft past max_tokens
-        proposal = dec.draft([slot], kk)
-        row = dec.verify([slot], proposal, [kk])[0]
-        _, used = state.push_many(row)
-        emitted += row[:used]
-    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, dec.stats(slot))
-    dec.release(slot)
-    return GenerationResult(state.text, emitted, state.finish_reason, stats)

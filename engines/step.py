@@ -29,7 +29,6 @@ from engines.drafters.base import Proposal
 from engines.forward_cost import LinearCost
 from engines.modes import steady_context, step_drafters
 from engines.spec import SpecDecoder
-from specroute.contracts.context import temperature_bucket
 
 
 @dataclass
@@ -170,7 +169,7 @@ def buckets_of(decoder: SpecDecoder, slots: Sequence[int]) -> list[str] | None:
     states = getattr(decoder, "slots", None)
     if states is None or any(s not in states for s in slots):
         return None
-    return [temperature_bucket(states[s].params.temperature) for s in slots]
+    return [states[s].bucket for s in slots]
 
 
 def verify_groups(decoder: SpecDecoder, slots: list[int], proposal: Proposal | None, keep: list[int],

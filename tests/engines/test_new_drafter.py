@@ -23,7 +23,7 @@ from engines.factory import load_engine, new_decoder
 from engines.generate import ar_generate
 from engines.model import ForwardOut, RMSNorm, Transformer, init_weights, load_model
 from engines.sampling import SamplingParams
-from engines.spec import spec_generate
+from engines.spec_generate import spec_generate
 from engines.tokenizer import Tokenizer
 from engines.training.cli import build_parser
 from engines.training.drafters import train_drafter

@@ -18,7 +18,8 @@ from engines.lossless import check_lossless
 from engines.model import ForwardOut, ModelConfig, Transformer, init_weights
 from engines.sampling import SamplingParams
 from engines.slots import backlog_groups
-from engines.spec import SpecDecoder, spec_generate
+from engines.spec import SpecDecoder
+from engines.spec_generate import spec_generate
 from tests.lossless import assert_lossless
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
