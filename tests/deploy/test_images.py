@@ -225,7 +225,7 @@ def test_compose_commands_parse_with_the_real_clis(tmp_path: Path, monkeypatch: 
 
     services = compose()["services"]
     token = tmp_path / "admin_token"
-    token.write_text("ops:x\n")
+    token.write_text("ops:" + "x" * 24 + "\n")
     for k, v in services["gateway"]["environment"].items():
         monkeypatch.setenv(k, str(token) if k == "SPECROUTE_ADMIN_TOKEN_FILE" else str(v))
     gw = settings_from_args(build_parser().parse_args(services["gateway"]["command"][1:]))
