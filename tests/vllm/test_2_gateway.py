@@ -109,7 +109,9 @@ def test_routing_shifts_code_traffic_to_the_vllm_pool(gateway: str, vllm_worker:
     assert cells[("code", "vllm")]["n"] >= 3 and cells[("code", "dfly")]["acceptance_rate"] < 0.1
 
 
-def test_vllm_worker_killed_mid_stream_then_fallback(gateway: str, vllm_worker: VllmWorker) -> None:
+def test_vllm_worker_killed_mid_stream_migrates_then_fallback(gateway: str, vllm_worker: VllmWorker) -> None:
+    """A stream whose vLLM worker dies continues on the pool that is left, from the tokens already sent:
+    the client sees no error."""
     set_policy(gateway, exploration_rate=0.0, pins={"*": "vllm"})
     client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
     # greedy on a raw prompt: this model loops until max_tokens, so the stream is surely still running
@@ -121,17 +123,18 @@ def test_vllm_worker_killed_mid_stream_then_fallback(gateway: str, vllm_worker: 
     # vLLM is seconds from the end of a 600-token answer (waiting for later events let a fast CPU finish
     # the whole answer into the gateway's buffers before the kill landed)
     vllm_worker.proc.send_signal(signal.SIGKILL)
-    got = 0
-    with pytest.raises(openai.APIError):
-        for chunk in raw.parse():
-            if chunk.choices and chunk.choices[0].text:
-                got += 1
-    assert 1 <= got < 600
+    got, finish = 0, None
+    for chunk in raw.parse():
+        if chunk.choices and chunk.choices[0].text:
+            got += 1
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert got >= 1 and finish in ("length", "stop")
     set_policy(gateway, pins={})
     for _ in range(3):   # the next requests are served by the pool that is left
         raw = client.chat.completions.with_raw_response.create(model="demo", messages=CODE, max_tokens=4)
         assert raw.headers["x-specroute-pool"] == "dfly"
-    deadline = time.monotonic() + 30   # vLLM's engine core and its worker die with the worker
+    deadline = time.monotonic() + 90   # vLLM's engine core and its worker die with the worker (SIGTERM: slow on a busy CPU)
     while time.monotonic() < deadline and any(alive(p) for p in vllm_worker.helpers):
         time.sleep(0.2)
     assert vllm_worker.helpers and not [p for p in vllm_worker.helpers if alive(p)], "vLLM processes outlived the worker"
