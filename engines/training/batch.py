@@ -44,6 +44,21 @@ class Batch:
     teacher: Tensor | None = None   # [B, S, H] target's final hidden: row j -> p(x_{j+1} | x_<=j)
 
 
+def bucketed_batch(lengths: Sequence[int], batch_size: int, gen: torch.Generator, bucket: int = 4) -> list[int]:
+    """`batch_size` sequence indices drawn from one length bucket: the sequences sorted by length and cut
+    into runs of `bucket * batch_size` (the last run takes the remainder). The bucket is the one of a
+    uniformly drawn sequence and members are drawn uniformly within it, so every sequence is drawn as
+    often as under uniform sampling, while a batch pads only to the longest of similar lengths."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    size = max(1, min(len(order), bucket * batch_size))
+    n_buckets = max(1, len(order) // size)
+    rank = order.index(int(torch.randint(0, len(order), (1,), generator=gen)))
+    b = min(rank // size, n_buckets - 1)
+    members = order[b * size:] if b == n_buckets - 1 else order[b * size:(b + 1) * size]
+    pick = torch.randint(0, len(members), (batch_size,), generator=gen).tolist()
+    return [members[j] for j in pick]
+
+
 def cached_forward(feats: Features, i: int, capture: Sequence[int]) -> ForwardOut:
     """Sequence i's target forward as cached ([1, T, H] each), capturing the layers `capture`."""
     rows = feats.rows(i)

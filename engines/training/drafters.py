@@ -31,7 +31,7 @@ from engines.drafters.layers import freeze
 from engines.drafters.registry import drafter_class, new_drafter, save_drafter
 from engines.model import load_model
 from engines.tokenizer import Tokenizer
-from engines.training.batch import make_batch, prepare_data
+from engines.training.batch import bucketed_batch, make_batch, prepare_data
 from engines.training.distill import DistillSet, Features
 from engines.training.evaluate import evaluate, evaluate_bundle, summarize
 from engines.training.losses import StepOut, objective_for
@@ -74,7 +74,7 @@ class Run:
         p, run = self.p, self.progress
         t0 = time.perf_counter()
         data, feats = self.data
-        idx = torch.randint(0, len(data), (p.batch_size,), generator=self.gen).tolist()
+        idx = bucketed_batch([len(t) for t in data.tokens], p.batch_size, self.gen)
         b = make_batch(data, feats, idx, self.drafter, teacher=p.loss != "ce")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = self.objective.train_loss(self.drafter, b, p, self.gen)
