@@ -87,13 +87,73 @@ def _fence(text: str) -> str:
     return "```text\n" + text.replace("```", "ʼʼʼ").strip() + "\n```"
 
 
+def imported_reproduce_lines(bundle: Path) -> list[str]:
+    """The commands behind an imported bundle: the import, then each drafter's `specroute train` run
+    as its `train_<kind>.json` recorded it (preset, steps, threads)."""
+    src = json.loads((bundle / "source.json").read_text())["source"]
+    lines = [f"specroute model import {src} --out {bundle}   # make import"]
+    for kind in DRAFTERS:
+        path = bundle / "drafters" / kind / f"train_{kind}.json"
+        if path.is_file():
+            rep = json.loads(path.read_text())
+            threads = rep["recipe"]["preset"].get("threads", 2)
+            lines.append(f"specroute train {kind} --preset {rep['summary']['preset']} --steps {rep['summary']['steps']}"
+                         f"{f' --threads {threads}' if threads != 2 else ''} --out {bundle}")
+    return lines
+
+
+def imported_target_lines(bundle: Path, cfg: dict, model: Transformer, timings: dict[int, float]) -> list[str]:
+    """The card's head for a target imported by `specroute model import` (`source.json`): what it is,
+    where it came from, how to rebuild the bundle, and how its decode step costs here."""
+    src = json.loads((bundle / "source.json").read_text())
+    parity = bundle.resolve().parent.parent / "bench" / "results" / bundle.name / "parity.json"
+    lines = [
+        f"# {bundle.name} bundle",
+        "",
+        f"A pretrained target imported by `specroute model import` from `{src['source']}` ({src['bytes'] / 1e6:.0f} MB, "
+        f"sha256 `{src['sha256'][:16]}…`), dequantised to fp32, with drafters trained for it on this machine by "
+        "specroute's own pipeline. Only the drafters and their training token sequences (`selfdistill/`) are "
+        "committed; `make import` writes the target's weights and tokenizer.",
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        *imported_reproduce_lines(bundle),
+        f"specroute train card --out {bundle}      # this file",
+        "```",
+        "",
+        "## Target",
+        "",
+        f"- Architecture: Llama (RMSNorm, RoPE theta {cfg.get('rope_theta', 10000):g}, SwiGLU, GQA), "
+        f"{cfg['num_hidden_layers']} layers, width {cfg['hidden_size']}, MLP {cfg['intermediate_size']}, "
+        f"{cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads, vocabulary {cfg['vocab_size']}, "
+        f"context {cfg['max_position_embeddings']}, {'tied' if cfg.get('tie_word_embeddings') else 'untied'} "
+        f"embeddings; {model.num_parameters() / 1e6:.1f}M parameters.",
+    ]
+    if parity.is_file():
+        rows = json.loads(parity.read_text())
+        summary = rows.get("summary", rows)
+        same, n = summary.get("identical"), summary.get("prompts")
+        if same is not None and n is not None:
+            lines.append(f"- Parity with transformers (`bench/results/{bundle.name}/parity.json`): greedy output "
+                         f"token-identical on {same} of {n} held-out prompts.")
+    lines += ["",
+              f"Decode step at batch 1 (prompt 128, fp32, {torch.get_num_threads()} threads, median of 21): 1 token "
+              f"{timings[1]:.1f} ms, 8 tokens {timings[8]:.1f} ms, 16 tokens {timings[16]:.1f} ms.", ""]
+    return lines
+
+
 def render_card(bundle: Path) -> str:
     torch.set_num_threads(2)
-    rep = json.loads((bundle / "train_target.json").read_text())
     cfg = json.loads((bundle / "config.json").read_text())
     model = load_model(bundle)
     tok = Tokenizer.load(bundle)
     timings = {k: decode_step_ms(model, k) for k in (1, 8, 16)}
+    results = bundle.resolve().parent.parent / "bench" / "results"
+    if (bundle / "source.json").is_file():
+        lines = imported_target_lines(bundle, cfg, model, timings)
+        return "\n".join(tail_lines(bundle, model, tok, lines, results / bundle.name / "acceptance.json"))
+    rep = json.loads((bundle / "train_target.json").read_text())
     size_mb = sum(f.stat().st_size for f in bundle.rglob("*.safetensors")) / 1e6
     p = rep["config"]
     lines = [
@@ -140,17 +200,23 @@ def render_card(bundle: Path) -> str:
         f"Bundle size (all safetensors, bf16): {size_mb:.1f} MB.",
         "",
     ]
+    return "\n".join(tail_lines(bundle, model, tok, lines, results / "acceptance.json"))
+
+
+def tail_lines(bundle: Path, model: Transformer, tok: Tokenizer, lines: list[str], acceptance: Path) -> list[str]:
+    """What every card ends with: the drafters' training figures, the acceptance table of `acceptance`
+    (when the checkout has it) and greedy sample completions."""
     if (bundle / "drafters").is_dir() and any((bundle / "drafters").glob("*/train_*.json")):
         from engines.training.report import card_section
 
         lines += [card_section(bundle), ""]
-    lines += acceptance_section(bundle.resolve().parent.parent / "bench" / "results" / "acceptance.json")
+    lines += acceptance_section(acceptance)
     lines += ["## Sample completions (greedy, held-out prompts)", ""]
     for d, pairs in sample_completions(model, tok).items():
         lines += [f"### {d}", ""]
         for prompt, text in pairs:
             lines += ["Prompt:", "", _fence(prompt), "", "Completion:", "", _fence(text), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def acceptance_section(path: Path) -> list[str]:

@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=None,
                     help="drafters: torch threads (default: the preset's; 1 on a machine shared with other jobs, "
                          "where 2 spinning threads collapse)")
+    ap.add_argument("--export", action="store_true",
+                    help="drafters: write the drafter of the last checkpoint to the bundle without training further")
     ap.add_argument("--size", type=int, default=2048,
                     help="draft-vocab: tokens drafters may propose (the target's most frequent outputs)")
     return ap
@@ -76,6 +78,6 @@ def main(argv: list[str]) -> int:
     report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume,
                            budget_s=args.budget, max_steps=args.steps, loss=args.loss, distill_temps=temps,
                            sampled_fraction=args.sampled_fraction, init_from=args.init_from,
-                           threads=args.threads)
+                           threads=args.threads, export=args.export)
     print(json.dumps(report.get("summary", {})))
     return 0

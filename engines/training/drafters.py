@@ -122,12 +122,15 @@ class Run:
 
 def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path | None = None,
                   resume: bool = True, stop_after: int | None = None, budget_s: float | None = None,
-                  max_steps: int | None = None, init_from: Path | None = None, **overrides: object) -> dict:
+                  max_steps: int | None = None, init_from: Path | None = None, export: bool = False,
+                  **overrides: object) -> dict:
     """Train `kind` for the bundle in `out_dir`; `stop_after` ends this run early at that step (after
     a checkpoint), as an interruption would; a later call resumes. `budget_s` / `max_steps` override
     the preset's wall-time budget and step cap, `overrides` other recipe fields (`loss`, ...).
     `init_from`: a bundle whose trained `kind` drafter (same shape) the run starts from instead of a
-    fresh initialisation (fine-tuning an existing drafter on a new objective or data mix)."""
+    fresh initialisation (fine-tuning an existing drafter on a new objective or data mix).
+    `export`: write the drafter as its last checkpoint left it, without training further (a run cut
+    short ships what it has; its report records the steps taken, and a later call resumes the run)."""
     objective = objective_for(drafter_class(kind))
     p = resolve_preset(preset, budget_s, max_steps, **overrides)
     out_dir = Path(out_dir)
@@ -161,14 +164,17 @@ def train_drafter(kind: str, out_dir: Path, preset: str = "demo", work_dir: Path
     run = Run(drafter, p, (data, feats), (held, held_feats), work / f"{kind}.ckpt.pt")
     if resume and run.ckpt.is_file():
         run.restore()
-    if not run.fit(stop_after):
+    elif export:
+        raise UserError(f"--export: no checkpoint at {run.ckpt}")
+    if not export and not run.fit(stop_after):
         return {"summary": {"kind": kind, "stopped_at": run.progress.step}}
 
     drafter.set_train_vocab(None)
     if vocab is not None:
         drafter.set_draft_vocab(vocab)
     dest = save_drafter(drafter, out_dir / "drafters" / kind)
-    final_eval = run.progress.evals[-1] if run.progress.evals else run.evaluate()
+    last = run.progress.evals[-1] if run.progress.evals else None
+    final_eval = last if last is not None and last["step"] == run.progress.step else run.evaluate()
     report = training_report(drafter, preset, p, run.progress, final_eval, dest, data, held, data_seconds,
                              init_from=warm)
     (dest / f"train_{kind}.json").write_text(json.dumps(report, indent=2) + "\n")

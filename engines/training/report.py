@@ -66,7 +66,7 @@ def data_source(data: DistillSet) -> str:
 def card_section(bundle: Path) -> str:
     """Markdown for `card.md`: each trained drafter's recipe and figures (from train_<kind>.json)."""
     lines = ["## Drafters", "",
-             "Trained by `specroute train <kind> --preset demo` on the target's own responses to train "
+             "Trained by `specroute train <kind>` (the commands are under Reproduce) on the target's own responses to train "
              "prompts (self-distillation; each drafter's data line says greedy and/or sampled); accuracy "
              "below is measured on the target's greedy responses to held-out prompts (never trained on). "
              "tau = 1 + expected accepted drafts per step at T=0, bonus included, averaged over every "

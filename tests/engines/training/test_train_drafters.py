@@ -203,6 +203,12 @@ def test_tiny_pipeline_resume_is_exact(bundle):
             shutil.copy(f, work_b / f.name)
     part = train_drafter("dfly", bundle, "tiny", work_dir=work_b, resume=False, stop_after=3)
     assert part["summary"]["stopped_at"] == 3
+    # a run cut short ships what its checkpoint holds, and still resumes afterwards
+    cut = train_drafter("dfly", bundle, "tiny", work_dir=work_b, export=True)
+    assert cut["summary"]["steps"] == 3 and cut["summary"]["heldout"]
+    from engines.model import load_model
+
+    load_drafter("dfly", bundle, load_model(bundle))
     train_drafter("dfly", bundle, "tiny", work_dir=work_b, resume=True)
     state_b = torch.load(work_b / "dfly.ckpt.pt", weights_only=False)["model"]
     for k, v in state_a.items():
