@@ -113,7 +113,7 @@ async def admit(g: Gateway, headers: Headers, receive: Receive, *, api: Api, rid
     if g.settings.conversation_affinity:
         messages = body.wire_messages() if isinstance(body, ChatCompletionRequest) else None
         header = headers.conversation.decode("latin-1") if headers.conversation else None
-        conv = conversation_key(header, body.user, messages)
+        conv = conversation_key(header, body.user, messages, key.name if key is not None else "")
         hist = history_chars(messages, sum(len(t) for t in texts)) if conv is not None else 0
     return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n), conv, hist)
 

@@ -32,8 +32,8 @@ def remember_turn(g: Gateway, req: Admitted, up: Upstream, text: list[str], prom
     keys: list[str] = []
     if req.conversation is not None and req.conversation[0] != "prefix":
         keys.append(req.conversation[1])
-    elif isinstance(req.body, ChatCompletionRequest) and not up.migrations:
-        keys.append(turn_key(req.body.wire_messages(), "".join(text)))
+    elif isinstance(req.body, ChatCompletionRequest):
+        keys.append(turn_key(req.body.wire_messages(), "".join(text), req.key.name if req.key is not None else ""))
     g.conversations.remember(keys, Sticky(up.pool, up.endpoint.address))
 
 

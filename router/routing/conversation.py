@@ -71,29 +71,30 @@ def worker_id(address: str) -> str:
     return hashlib.blake2b(address.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
 
 
-def messages_key(messages: Sequence[tuple[str, str]]) -> str:
-    """The key of a message sequence ((role, text) pairs): a hash of roles and texts."""
-    return _digest("prefix", [x for m in messages for x in m])
+def messages_key(messages: Sequence[tuple[str, str]], scope: str = "") -> str:
+    """The key of a message sequence ((role, text) pairs): a hash of roles and texts (and `scope`)."""
+    return _digest("prefix", [scope, *(x for m in messages for x in m)])
 
 
-def conversation_key(header: str | None, user: str | None, messages: Sequence[tuple[str, str]] | None
-                     ) -> tuple[str, str] | None:
+def conversation_key(header: str | None, user: str | None, messages: Sequence[tuple[str, str]] | None,
+                     scope: str = "") -> tuple[str, str] | None:
     """(source, key) of the conversation a request continues, or None: the header, else `user`, else
-    the hash of the messages before the last one when they hold an assistant turn."""
+    the hash of the messages before the last one when they hold an assistant turn. `scope` (the API
+    key's name) keeps the ids of different clients apart."""
     if header:
-        return "header", _digest("header", [header[:MAX_ID_CHARS]])
+        return "header", _digest("header", [scope, header[:MAX_ID_CHARS]])
     if user:
-        return "user", _digest("user", [user[:MAX_ID_CHARS]])
+        return "user", _digest("user", [scope, user[:MAX_ID_CHARS]])
     if messages and len(messages) > 1:
         prior = messages[:-1]
         if any(role == "assistant" for role, _ in prior):
-            return "prefix", messages_key(prior)
+            return "prefix", messages_key(prior, scope)
     return None
 
 
-def turn_key(messages: Sequence[tuple[str, str]], answer: str) -> str:
+def turn_key(messages: Sequence[tuple[str, str]], answer: str, scope: str = "") -> str:
     """The prefix key the next turn of this conversation will look up: the messages and the answer."""
-    return messages_key([*messages, ("assistant", answer)])
+    return messages_key([*messages, ("assistant", answer)], scope)
 
 
 def history_chars(messages: Sequence[tuple[str, str]] | None, prompt_chars: int) -> int:

@@ -26,6 +26,8 @@ def test_keys_header_then_user_then_prior_messages() -> None:
     assert conversation_key("c1", "u1", msgs)[0] == "header"
     assert conversation_key(None, "u1", msgs)[0] == "user"
     assert conversation_key("c1", None, None) != conversation_key("c2", None, None)
+    # one API key's ids are not another's
+    assert conversation_key("c1", None, None, "team-a") != conversation_key("c1", None, None, "team-b")
     source, key = conversation_key(None, None, msgs)  # type: ignore[misc]
     assert source == "prefix" and key == messages_key(msgs[:-1])
     # the first turn has no assistant message: no conversation yet (a shared system prompt is not one)

@@ -6,7 +6,9 @@ history. About 3 s."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -72,9 +74,11 @@ def workers(redis_url: str) -> tuple[FakeConfig, FakeConfig]:
             FakeConfig(name="dfly", engine="dfly", acceptance={"code": 0.2}, redis_url=redis_url))
 
 
-async def test_submit_compare_promote_and_discard(redis_url: str) -> None:
+async def test_submit_compare_promote_and_discard(redis_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "access.jsonl"
     async with engines(*workers(redis_url)) as es, running_app(
-            settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, stats_interval_s=0.05)) as c:
+            settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, stats_interval_s=0.05,
+                         access_log=True, access_log_file=log)) as c:
         live = await warm_up(c)
         assert (await c.get("/admin/shadow", headers=ADMIN)).json()["shadow"] is None
         assert (await c.post("/admin/shadow/promote", json={}, headers=ADMIN)).json()["error"]["code"] == "no_shadow_policy"
@@ -118,3 +122,6 @@ async def test_submit_compare_promote_and_discard(redis_url: str) -> None:
         rb = await c.post("/admin/policy/rollback", json={"version": version}, headers=ADMIN)
         assert rb.status_code == 200 and rb.json()["defaults"]["code"] == "mtp"
         assert (await c.get("/admin/shadow")).status_code == 401
+    # logged, not served: the access log names the shadow's pool beside the one that served
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["pool"], x.get("shadow_pool")) for x in lines if x.get("shadow_pool")] == [("dfly", "mtp")] * 4
