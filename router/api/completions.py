@@ -200,7 +200,7 @@ def route(g: Gateway, ex: Exchange) -> Decision:
     if routed.shadow is not None:
         ex.shadow_pool = routed.shadow.shadow_pool or "none"
     if req.conversation is not None:
-        ex.conversation = conversation_header(routed.verdict, routed.verdict is not None)
+        ex.conversation = conversation_header(routed.verdict)
     if tr is not None:
         tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
         tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})

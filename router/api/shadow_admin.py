@@ -108,12 +108,12 @@ async def promote_shadow(request: Request) -> Response:
     expected = parse_if_match(if_match, cur.version) if if_match is not None else cur.version
     written = await g.put_policy(doc.policy, expected, actor, action="shadow:promote", note=body.note or doc.note,
                                  audit=audit)
-    try:
+    try:  # a candidate submitted meanwhile stays
         await clear_shadow(store, doc, actor, written, body.note, action="")
+        g.sync.apply_shadow(await load_shadow(store))
     except (RedisError, OSError) as exc:
         g.sync.redis_error(exc)
         raise StoreUnavailable(exc) from exc
-    g.sync.apply_shadow(None)
     return json_response({"promoted": doc.id, "policy": written.model_dump(mode="json")})
 
 
@@ -125,9 +125,11 @@ async def discard_shadow(request: Request) -> Response:
     body = await _action(request, g)
     doc = await _current(g, store, body.id)
     try:
-        await clear_shadow(store, doc, actor, await g.current_policy(), body.note)
+        cleared = await clear_shadow(store, doc, actor, await g.current_policy(), body.note)
+        g.sync.apply_shadow(await load_shadow(store))
     except (RedisError, OSError) as exc:
         g.sync.redis_error(exc)
         raise StoreUnavailable(exc) from exc
-    g.sync.apply_shadow(None)
+    if not cleared:
+        raise APIError(409, f"the shadow policy {doc.id!r} was replaced meanwhile", code="shadow_policy_changed")
     return json_response({"discarded": doc.id})

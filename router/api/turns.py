@@ -5,19 +5,17 @@ pool's observed prefill cost per prompt token (router/state/conversations.py).""
 
 from __future__ import annotations
 
-from typing import Any
-
 from router.api.admit import Admitted
 from router.api.schemas import ChatCompletionRequest
 from router.gateway import Gateway, Turn
-from router.routing.conversation import Sticky, chars_to_tokens, turn_key
+from router.routing.conversation import Sticky, Verdict, chars_to_tokens, turn_key
 from router.workers.upstream import Upstream
 
 
 async def turn_of(g: Gateway, req: Admitted) -> Turn | None:
-    """The turn of a conversation served before (None: a new one, or no conversation)."""
-    if req.conversation is None:
-        return None
+    """The turn of a conversation served before (None: a new one, no conversation, or Redis down)."""
+    if req.conversation is None or (g.store is not None and not g.redis_ok):
+        return None   # Redis is down: no affinity rather than a wait on every turn
     sticky = await g.conversations.lookup(req.conversation[1])
     if sticky is None:
         return None
@@ -37,9 +35,9 @@ def remember_turn(g: Gateway, req: Admitted, up: Upstream, text: list[str], prom
     g.conversations.remember(keys, Sticky(up.pool, up.endpoint.address))
 
 
-def conversation_header(verdict: Any, known: bool) -> bytes:
+def conversation_header(verdict: Verdict | None) -> bytes:
     """`x-specroute-conversation`: `new` (not served before), `stay` (kept on its worker's pool) or
     `switch` (moved: the gain beat the prefill, a pin, or its pool is unavailable)."""
-    if not known:
+    if verdict is None:
         return b"new"
     return b"stay" if verdict.stay else b"switch"

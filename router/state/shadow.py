@@ -76,15 +76,28 @@ async def submit_shadow(store: PolicyStore, candidate: Policy, actor: str, live:
     return doc
 
 
+_CLEAR_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local ok, d = pcall(cjson.decode, cur)
+if not ok or type(d) ~= 'table' or d['id'] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if ARGV[2] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
+end
+return 1
+"""
+
+
 async def clear_shadow(store: PolicyStore, doc: ShadowDoc, actor: str, live: Policy, note: str,
-                       action: str = "shadow:discard") -> None:
-    """Remove the shadow; a discard is audited (a promote's audit entry is its policy write)."""
-    async with store.client.pipeline(transaction=True) as pipe:
-        pipe.delete(SHADOW_KEY)
-        if action:
-            pipe.rpush(VERSIONS_KEY, _audit(action, actor, live, doc.policy, note, doc.id))
-            pipe.ltrim(VERSIONS_KEY, -MAX_HISTORY, -1)
-        await pipe.execute()
+                       action: str = "shadow:discard") -> bool:
+    """Remove the shadow `doc` if it is still the stored one (one script: a candidate submitted
+    meanwhile stays); a discard is audited (a promote's audit entry is its policy write). False when
+    `doc` was no longer there."""
+    entry = _audit(action, actor, live, doc.policy, note, doc.id) if action else b""
+    done = await store.client.eval(_CLEAR_LUA, 2, SHADOW_KEY, VERSIONS_KEY, doc.id, entry, MAX_HISTORY)
+    return bool(int(done))
 
 
 @dataclass(slots=True)

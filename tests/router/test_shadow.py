@@ -17,6 +17,8 @@ from router.routing.decide import decide
 from router.routing.estimate import PoolState
 from router.routing.policy import Policy
 from router.routing.shadow import compare
+from router.state.shadow import clear_shadow, load_shadow, submit_shadow
+from router.state.store import PolicyStore
 from specroute.contracts.feedback import CellStats
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
@@ -125,3 +127,18 @@ async def test_submit_compare_promote_and_discard(redis_url: str, tmp_path: Path
     # logged, not served: the access log names the shadow's pool beside the one that served
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [(x["pool"], x.get("shadow_pool")) for x in lines if x.get("shadow_pool")] == [("dfly", "mtp")] * 4
+
+
+async def test_clearing_a_replaced_candidate_keeps_the_new_one(redis_url: str) -> None:
+    store = PolicyStore(redis_url)
+    live = Policy(pools=["mtp"], defaults={"chat": "mtp", "code": "mtp", "math": "mtp"}, safe_pool="mtp")
+    try:
+        old = await submit_shadow(store, live, "ops", live, "")
+        new = await submit_shadow(store, live.model_copy(update={"comment": "b"}), "ops", live, "")
+        assert not await clear_shadow(store, old, "ops", live, "")   # the one discarded was replaced meanwhile
+        assert (await load_shadow(store)) == new
+        assert await clear_shadow(store, new, "ops", live, "gone")
+        assert await load_shadow(store) is None
+        assert [e["action"] for e in await store.versions(3)] == ["shadow:discard", "shadow:submit", "shadow:submit"]
+    finally:
+        await store.close()
