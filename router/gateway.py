@@ -33,7 +33,7 @@ from router.routing.decide import Decision, decide
 from router.routing.estimate import PoolState
 from router.routing.fallbacks import policy_fallback
 from router.routing.policy import Policy, default_policy, fallback_order
-from router.routing.shadow import Comparison, compare
+from router.routing.shadow import Comparison, compare, predicted_goodput
 from router.settings import Settings
 from router.state.conversations import Conversations
 from router.state.shadow import ShadowTally
@@ -227,7 +227,9 @@ class Gateway:
         if turn is not None:
             pol = snap.policy
             usable = [p for p, st in states.items() if st.healthy and p in pol.pools and p not in pol.drained]
-            verdict = stick(d, turn.sticky, turn.history_tokens, turn.expected_tokens,
+            means = {p: g for p in (turn.sticky.pool, d.pool) if p is not None and p in d.scores
+                     and (g := predicted_goodput(p, d, snap.cells, states, pol.learning)) is not None}
+            verdict = stick(d, turn.sticky, turn.history_tokens, turn.expected_tokens, means,
                             self.conversations.prefill.ms_per_token, self.settings.conversation_prefill_ms, usable)
             self.metrics.conversation_routes_by(turn.sticky.pool, verdict.why).inc()
             if verdict.stay:

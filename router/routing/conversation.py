@@ -16,8 +16,9 @@ below the cost of prefilling its history elsewhere:
     cost_ms = history_tokens * prefill_ms_per_token(fresh pool)
     stay   <=> the sticky pool is available and not overridden by a pin, and gain_ms <= cost_ms
 
-`goodput` is the policy's expected goodput of each pool (the fresh decision's `scores`,
-router/routing/estimate.py); without a score for either pool there is no evidence of a gain (0).
+`goodput` is each pool's expected goodput for the request at its posterior mean (router/routing/shadow.py
+`predicted_goodput`, the estimator `decide` samples from), given for the pools the fresh decision
+scored (learning on, enough evidence); without one for either pool there is no evidence of a gain (0).
 `history_tokens` is estimated from the history's characters (`chars_to_tokens`). The decision
 itself (`stick`) does no I/O and reads no clock; the state (which worker served which conversation)
 lives in Redis with a TTL (router/state/conversations.py).
@@ -106,10 +107,10 @@ def history_chars(messages: Sequence[tuple[str, str]] | None, prompt_chars: int)
 
 
 def stick(fresh: Decision, sticky: Sticky, history_tokens: float, expected_tokens: float,
-          prefill_ms_per_token: Mapping[str, float], default_prefill_ms: float,
+          goodput: Mapping[str, float], prefill_ms_per_token: Mapping[str, float], default_prefill_ms: float,
           available: Collection[str]) -> Verdict:
     """Whether a conversation served by `sticky` stays there instead of `fresh.pool` (module
-    docstring). `available`: the pools that may serve the request now."""
+    docstring). `goodput`: expected tokens/s per pool; `available`: the pools that may serve now."""
     if sticky.pool not in available:
         return Verdict(False, 0.0, 0.0, "unavailable")
     if fresh.reason == "pin" and fresh.pool != sticky.pool:
@@ -117,7 +118,7 @@ def stick(fresh: Decision, sticky: Sticky, history_tokens: float, expected_token
     if fresh.pool is None or fresh.pool == sticky.pool:
         return Verdict(True, 0.0, 0.0, "same_pool")
     cost = max(0.0, history_tokens) * prefill_ms_per_token.get(fresh.pool, default_prefill_ms)
-    g_old, g_new = fresh.scores.get(sticky.pool), fresh.scores.get(fresh.pool)
+    g_old, g_new = goodput.get(sticky.pool), goodput.get(fresh.pool)
     gain = 0.0
     if g_old and g_new and g_old > 0 and g_new > 0:
         gain = max(0.0, expected_tokens) * (1000.0 / g_old - 1000.0 / g_new)

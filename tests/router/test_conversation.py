@@ -4,6 +4,8 @@ the prefill of its history (router/state/conversations.py, router/api/turns.py).
 
 from __future__ import annotations
 
+import asyncio
+
 import redis
 
 from router.routing.conversation import (
@@ -38,24 +40,25 @@ def test_keys_header_then_user_then_prior_messages() -> None:
 
 
 def test_stick_weighs_the_gain_of_switching_against_the_prefill_of_the_history() -> None:
-    fresh = Decision("dfly", "code", "learned", {"mtp": 10.0, "dfly": 20.0})
+    fresh = Decision("dfly", "code", "learned", {"mtp": 11.0, "dfly": 19.0})  # Thompson draws
     sticky = Sticky("mtp", "10.0.0.1:1")
     pools = ["mtp", "dfly"]
+    mean = {"mtp": 10.0, "dfly": 20.0}   # the expected goodput, at the posterior mean
     # 100 tokens at 10 vs 20 tok/s: switching saves 5000 ms; 1000 history tokens at 1 ms cost 1000 ms
-    v = stick(fresh, sticky, 1000, 100, {"dfly": 1.0}, 9.0, pools)
+    v = stick(fresh, sticky, 1000, 100, mean, {"dfly": 1.0}, 9.0, pools)
     assert (v.stay, v.why, v.gain_ms, v.cost_ms) == (False, "gain", 5000.0, 1000.0)
     # a long history costs more to prefill elsewhere than switching gains: stay
-    v = stick(fresh, sticky, 10_000, 100, {"dfly": 1.0}, 9.0, pools)
+    v = stick(fresh, sticky, 10_000, 100, mean, {"dfly": 1.0}, 9.0, pools)
     assert v.stay and v.why == "stay" and v.cost_ms == 10_000.0
     assert sticky_decision(fresh, sticky) == Decision("mtp", "code", "conversation", fresh.scores)
     # an unobserved pool's prefill cost is the default
-    assert stick(fresh, sticky, 1000, 100, {}, 9.0, pools).stay
-    # no score for either pool: no evidence of a gain, so stay
-    assert stick(Decision("dfly", "code", "default"), sticky, 1, 100, {}, 1.0, pools).stay
+    assert stick(fresh, sticky, 1000, 100, mean, {}, 9.0, pools).stay
+    # no estimate for either pool: no evidence of a gain, so stay
+    assert stick(Decision("dfly", "code", "default"), sticky, 1, 100, {"dfly": 20.0}, {}, 1.0, pools).stay
     # a pin, or a sticky pool that cannot serve, moves the conversation
-    assert stick(Decision("dfly", "code", "pin"), sticky, 10_000, 100, {}, 1.0, pools).why == "pin"
-    assert stick(fresh, sticky, 10_000, 100, {}, 1.0, ["dfly"]).why == "unavailable"
-    assert stick(Decision("mtp", "code", "default"), sticky, 0, 100, {}, 1.0, pools).why == "same_pool"
+    assert stick(Decision("dfly", "code", "pin"), sticky, 10_000, 100, mean, {}, 1.0, pools).why == "pin"
+    assert stick(fresh, sticky, 10_000, 100, mean, {}, 1.0, ["dfly"]).why == "unavailable"
+    assert stick(Decision("mtp", "code", "default"), sticky, 0, 100, mean, {}, 1.0, pools).why == "same_pool"
 
 
 async def test_turns_stay_on_their_worker(redis_url: str) -> None:
@@ -95,3 +98,53 @@ async def test_turns_stay_on_their_worker(redis_url: str) -> None:
             assert keys and 0 < redis.Redis.from_url(redis_url).ttl(keys[0]) <= 1800
             metrics = (await client.get("/metrics")).text
             assert 'specroute_conversation_routes_total{outcome="same_pool",pool="mtp"}' in metrics
+
+
+async def test_a_conversation_moves_when_the_gain_beats_the_prefill(redis_url: str) -> None:
+    """Code traffic: mtp accepts 0.9 of its drafts, dfly 0.05 (10 ms steps: expected 492 against 137
+    tokens/s). Conversations begun on dfly by a pin; then learning prefers mtp. A turn asking for 2 tokens
+    gains 10.5 ms by moving, less than prefilling 25 tokens of history at 1 ms: it stays. One asking
+    for 100 gains 527 ms: it moves."""
+    good = FakeConfig(name="mtp", engine="mtp", acceptance={"code": 0.9}, redis_url=redis_url)
+    bad = FakeConfig(name="dfly", engine="dfly", acceptance={"code": 0.05}, redis_url=redis_url)
+    async with engines(good, bad) as es, running_app(
+            settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url, stats_interval_s=0.05)) as c:
+        g = c.app.state.gateway  # type: ignore[attr-defined]
+        g.conversations.prefill.ms_per_token = {"mtp": 1.0, "dfly": 1.0}
+        g.conversations.prefill.alpha = 0.0   # hold the prefill cost at 1 ms a token
+
+        async def policy(**change: object) -> None:
+            r = await c.get("/admin/policy", headers=ADMIN)
+            doc = {**r.json(), **change}
+            assert (await c.put("/admin/policy", json=doc, headers={**ADMIN, "if-match": r.headers["etag"]})
+                    ).status_code == 200
+
+        async def turn(conv: str, user: str, max_tokens: int) -> dict[str, str]:
+            msgs = [{"role": "user", "content": "write python code " + "x" * 80}, {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": user}]
+            r = await c.post("/v1/chat/completions", json={"model": "fake-model", "messages": msgs, "max_tokens": max_tokens},
+                             headers={"x-conversation-id": conv})
+            assert r.status_code == 200, r.text
+            await g.conversations.flush()
+            return dict(r.headers)
+
+        for pool in ("mtp", "dfly"):  # evidence on both pools
+            await policy(pins={"code": pool})
+            for _ in range(3):
+                await turn("warm-up-" + pool, "write python code", 4)
+        await policy(pins={"code": "dfly"})
+        for conv in ("c-stay", "c-move"):
+            assert (await turn(conv, "write python code", 4))["x-specroute-pool"] == "dfly"
+        learning = {**(await c.get("/admin/policy", headers=ADMIN)).json()["learning"], "min_samples": 1.0,
+                    "switch_margin": 0.0}
+        await policy(pins={}, exploration_rate=0.0, learning=learning)
+        await asyncio.sleep(0.3)   # the feedback reaches the snapshot
+        h = await turn("c-stay", "and more python code", 2)
+        assert (h["x-specroute-conversation"], h["x-specroute-pool"], h["x-specroute-reason"]) == \
+            ("stay", "dfly", "conversation")
+        h = await turn("c-move", "and more python code", 100)
+        assert (h["x-specroute-conversation"], h["x-specroute-pool"], h["x-specroute-reason"]) == \
+            ("switch", "mtp", "learned")
+        metrics = (await c.get("/metrics")).text
+        assert 'specroute_conversation_routes_total{outcome="gain",pool="dfly"} 1.0' in metrics
+        assert 'specroute_conversation_routes_total{outcome="stay",pool="dfly"} 1.0' in metrics
