@@ -7,7 +7,8 @@ prefill cost per prompt token: the state the conversation rule (router/routing/c
 
 A lookup is one GET (only for requests that carry a conversation: a header, `user`, or a history with
 an assistant turn), bounded by the store's timeout; a failure means no affinity for that turn, never
-an error. Writes go out in the background after the turn is served. Without Redis the same map is
+an error. Writes go out in the background after the turn is served (the turns that finish together in
+one pipeline). Without Redis the same map is
 kept in this process (bounded, oldest first out).
 """
 
@@ -27,6 +28,7 @@ from specroute.contracts.feedback import PREFIX
 
 KEY_PREFIX = PREFIX + "conv:"
 LOCAL_MAX = 10_000
+WRITE_BATCH = 256
 log = logging.getLogger("specroute.gateway.conversations")
 
 
@@ -54,7 +56,8 @@ class Conversations:
         self.client, self.ttl_s, self.on_error = client, ttl_s, on_error
         self.local: OrderedDict[str, tuple[float, Sticky]] = OrderedDict()
         self.prefill = PrefillCost()
-        self._pending: set[asyncio.Task[None]] = set()
+        self._queue: list[tuple[str, bytes]] = []   # (Redis key, value) not written yet
+        self._writer: asyncio.Task[None] | None = None
 
     async def lookup(self, key: str) -> Sticky | None:
         if self.client is None:
@@ -76,7 +79,8 @@ class Conversations:
             return None
 
     def remember(self, keys: list[str], where: Sticky) -> None:
-        """Record that `where` served the conversation known by `keys` (in the background)."""
+        """Record that `where` served the conversation known by `keys` (written in the background, the
+        turns that finish together in one pipeline)."""
         if not keys:
             return
         if self.client is None:
@@ -87,26 +91,29 @@ class Conversations:
             while len(self.local) > LOCAL_MAX:
                 self.local.popitem(last=False)
             return
-        task = asyncio.get_running_loop().create_task(self._write(keys, where))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _write(self, keys: list[str], where: Sticky) -> None:
-        assert self.client is not None
         value = orjson.dumps({"pool": where.pool, "worker": where.worker})
+        self._queue.extend((KEY_PREFIX + k, value) for k in keys)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        assert self.client is not None
+        await asyncio.sleep(0)   # the turns finishing now join this batch
         ttl = max(1, int(self.ttl_s))
-        try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for k in keys:
-                    pipe.set(KEY_PREFIX + k, value, ex=ttl)
-                await pipe.execute()
-        except Exception as exc:
-            self._failed(exc)
+        while self._queue:
+            batch, self._queue = self._queue[:WRITE_BATCH], self._queue[WRITE_BATCH:]
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for k, v in batch:
+                        pipe.set(k, v, ex=ttl)
+                    await pipe.execute()
+            except Exception as exc:
+                self._failed(exc)
 
     async def flush(self) -> None:
-        """Wait for the writes in flight (shutdown, tests)."""
-        if self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        """Wait for the writes queued so far (shutdown, tests)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.gather(self._writer, return_exceptions=True)
 
     def _failed(self, exc: BaseException) -> None:
         log.debug("conversation state: %s", exc)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from router.routing.conversation import (
     Sticky,
@@ -17,6 +20,8 @@ from router.routing.conversation import (
     turn_key,
 )
 from router.routing.decide import Decision
+from router.state.conversations import Conversations
+from tests.redis_server import free_port
 from tests.router.conftest import ADMIN, engines, running_app, settings_for
 from tests.router.fake_engine import FakeConfig
 
@@ -148,3 +153,20 @@ async def test_a_conversation_moves_when_the_gain_beats_the_prefill(redis_url: s
         metrics = (await c.get("/metrics")).text
         assert 'specroute_conversation_routes_total{outcome="gain",pool="dfly"} 1.0' in metrics
         assert 'specroute_conversation_routes_total{outcome="stay",pool="dfly"} 1.0' in metrics
+
+
+async def test_state_without_redis_and_with_redis_down() -> None:
+    local = Conversations(None, ttl_s=60)
+    local.remember(["k"], Sticky("mtp", "a:1"))
+    assert await local.lookup("k") == Sticky("mtp", "a:1") and await local.lookup("other") is None
+    errors: list[BaseException] = []
+    down = Conversations(aredis.Redis(port=free_port(), socket_timeout=0.2, socket_connect_timeout=0.2,
+                                      retry=Retry(NoBackoff(), 0)),
+                         ttl_s=60, on_error=errors.append)
+    try:
+        assert await down.lookup("k") is None   # no affinity, no error to the client
+        down.remember(["k"], Sticky("mtp", "a:1"))
+        await down.flush()
+        assert len(errors) == 2
+    finally:
+        await down.client.aclose()  # type: ignore[union-attr]
