@@ -1,6 +1,7 @@
 """Conversation affinity: the pure rule (router/routing/conversation.py), and a gateway (fake engine
 workers, real Redis) keeping each conversation's turns on one worker while switching gains less than
-the prefill of its history (router/state/conversations.py, router/api/turns.py). About 3 s."""
+the prefill of its history (router/state/conversations.py, router/api/turns.py). 5-10 s on two loaded
+cores."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A shadow policy through the dashboard (router/static/dashboard.html) in a real browser
 (tests/browser.py) against a real gateway (uvicorn, fake engine workers writing real feedback to a
 real Redis): submit the editor's policy as a shadow, watch its predicted goodput against the live
-policy's while the live one serves, promote it, and find each action in the history. About 6 s."""
+policy's while the live one serves, promote it, and find each action in the history. 10-24 s and
+6-10 s of browser start on two cores shared at load 7-10."""
 
 from __future__ import annotations
 
