@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
 
-from router.api import admin, health, keys_admin, openai, series
+from router.api import admin, health, keys_admin, openai, series, shadow_admin
 from router.api.completions import serve
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
@@ -100,6 +100,7 @@ def create_app(
         app.include_router(admin.router)
         app.state.failed_logins = admin.FailedLogins()
         app.include_router(keys_admin.router)
+        app.include_router(shadow_admin.router)
         app.include_router(series.router)
 
     def custom_openapi() -> dict[str, Any]:

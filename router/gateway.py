@@ -10,10 +10,12 @@ layer maps them to HTTP.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -26,11 +28,15 @@ from router.observability.tracing import make_tracing
 from router.observability.views import pools_view, stats_view
 from router.readiness import Readiness, assess
 from router.routing.classification import Classification, Classifier, ClassifyFn
+from router.routing.conversation import Sticky, Verdict, stick, sticky_decision
 from router.routing.decide import Decision, decide
 from router.routing.estimate import PoolState
 from router.routing.fallbacks import policy_fallback
 from router.routing.policy import Policy, default_policy, fallback_order
+from router.routing.shadow import Comparison, compare, predicted_goodput
 from router.settings import Settings
+from router.state.conversations import Conversations
+from router.state.shadow import ShadowTally
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
@@ -45,6 +51,23 @@ from specroute.v1 import engine_pb2
 __all__ = ["ClassifyFn", "Gateway", "Snapshot"]
 
 T = TypeVar("T")
+log = logging.getLogger("specroute.gateway.shadow")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A request that continues a conversation served before: where, and what moving it costs."""
+
+    sticky: Sticky
+    history_tokens: float
+    expected_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    decision: Decision
+    verdict: Verdict | None = None      # the conversation rule's, for a turn of a known conversation
+    shadow: Comparison | None = None    # the shadow policy's decision beside the live one
 
 
 class Gateway:
@@ -80,6 +103,11 @@ class Gateway:
         self.keys = KeyManager(settings.api_keys, settings.api_key_limits, self.store, self.metrics,
                                settings.stats_interval_s, hash_secret)
         self.decisions: Counter[tuple[str, str, str]] = Counter()
+        self.conversations = Conversations(self.store.client if self.store is not None else None,
+                                           settings.conversation_ttl_s, lambda _: self.metrics.redis_errors.inc())
+        self.conversation_header = settings.conversation_header.lower().encode("latin-1")
+        self.shadow_rng = random.Random(settings.seed)   # the shadow's draws leave the live ones unchanged
+        self.shadow_tally = ShadowTally()
         self._feedback: FeedbackWriter | None = None
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
                                     self._mal_cells, self.sync.redis_error)
@@ -106,6 +134,7 @@ class Gateway:
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
         self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
         try:
+            await self.conversations.flush()
             await stop_tasks(self._tasks)
             self._tasks.clear()
         finally:
@@ -185,30 +214,63 @@ class Gateway:
         return self.classifier(messages)
 
     def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = (),
-              context: RequestContext | None = None) -> Decision:
-        """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go."""
+              context: RequestContext | None = None, turn: Turn | None = None) -> Routed:
+        """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go;
+        `turn`: the conversation it continues (router/routing/conversation.py). The shadow policy, if
+        any, decides beside it (not served; router/routing/shadow.py)."""
         snap = self.snapshot
         states = self.pools.states()
         if allowed:
             states = {p: st if p in allowed else PoolState(healthy=False) for p, st in states.items()}
-        d = decide(probs, uncertainty, snap.cells, states, snap.policy, self.rng, context)
+        d = fresh = decide(probs, uncertainty, snap.cells, states, snap.policy, self.rng, context)
+        verdict = None
+        if turn is not None:
+            pol = snap.policy
+            usable = [p for p, st in states.items() if st.healthy and p in pol.pools and p not in pol.drained]
+            means = {p: g for p in (turn.sticky.pool, d.pool) if p is not None and p in d.scores
+                     and (g := predicted_goodput(p, d, snap.cells, states, pol.learning)) is not None}
+            verdict = stick(d, turn.sticky, turn.history_tokens, turn.expected_tokens, means,
+                            self.conversations.prefill.ms_per_token, self.settings.conversation_prefill_ms, usable)
+            self.metrics.conversation_routes_by(turn.sticky.pool, verdict.why).inc()
+            if verdict.stay:
+                d = sticky_decision(d, turn.sticky)
         self.decisions[(d.domain, d.pool or "none", d.reason)] += 1
         self.metrics.route_decisions_by(d.domain, d.pool or "none", d.reason).inc()
         if d.reason == "fallback" or d.pool is None:  # a pool is down or drained: count it as a fallback
             labels = policy_fallback(d, snap.policy, states, uncertainty)
             if labels is not None:
                 self.metrics.fallbacks_by(*labels).inc()
-        return d
+        shadow = None
+        if snap.shadow is not None:
+            sd = decide(probs, uncertainty, snap.cells, states, snap.shadow.policy, self.shadow_rng, context)
+            shadow = compare(fresh, sd, snap.cells, states, snap.policy.learning)
+            if self.shadow_tally.shadow_id != snap.shadow.id:
+                self.shadow_tally = ShadowTally(snap.shadow.id)
+            self.shadow_tally.add(shadow)
+            self.metrics.shadow_decisions_by(shadow.live_pool or "none", shadow.shadow_pool or "none").inc()
+            log.debug("shadow %s: %s -> live %s, shadow %s (%s)", snap.shadow.id, d.domain, fresh.pool, sd.pool,
+                      sd.reason)
+        return Routed(d, verdict, shadow)
+
+    def shadow_view(self) -> dict[str, Any]:
+        """The shadow policy and this gateway's comparison of it with the live one."""
+        doc = self.snapshot.shadow
+        if doc is None:
+            return {"shadow": None, "live_version": self.snapshot.policy.version}
+        tally = self.shadow_tally if self.shadow_tally.shadow_id == doc.id else ShadowTally(doc.id)
+        return {"shadow": doc.view(), "live_version": self.snapshot.policy.version, "comparison": tally.view()}
 
     async def open(self, decision: Decision, req: engine_pb2.GenerateRequest, *, deadline: float, batch: str = "",
                    allowed: Sequence[str] = (), metadata: tuple[tuple[str, str], ...] | None = None,
-                   unary: bool = False) -> Upstream:
+                   unary: bool = False, prefer: str | None = None) -> Upstream:
         """The worker call for `decision`, along the policy's fallback order (raises `UpstreamError`);
-        `allowed` (an API key's pools, empty: all) limits the retries; `unary`: the whole answer at once."""
+        `allowed` (an API key's pools, empty: all) limits the retries; `unary`: the whole answer at once;
+        `prefer`: the address of the decision's pool's endpoint to try first (a conversation's worker)."""
         order = fallback_order(self.snapshot.policy, decision.pool)
         if allowed:
             order = [p for p in order if p in allowed]
-        up = await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary)
+        up = await self.dispatcher.open(order, req, deadline, batch=batch, metadata=metadata, unary=unary,
+                                        prefer=prefer)
         if up.call is not None:  # a stream: if its worker fails, it continues on another (router/workers/migrate.py)
             up.resume = Migration(self.dispatcher, self.metrics, order, req, deadline, batch, metadata)
         return up

@@ -185,6 +185,18 @@ class Settings(BaseSettings):
         default=1.0, ge=0,
         description="rows of load balance a worker choice may give up to batch hot (T > 0.8) requests with "
                     "hot ones and the rest with the rest (router/routing/affinity.py); 0: least-loaded only")
+    # conversations (router/routing/conversation.py, router/state/conversations.py)
+    conversation_affinity: bool = Field(default=True, description="keep a conversation on its pool and worker "
+                                        "while switching gains less than prefilling its history elsewhere")
+    conversation_header: str = Field(default="x-conversation-id", min_length=1, max_length=64,
+                                     description="the request header that names a conversation")
+    conversation_ttl_s: float = Field(default=1800.0, gt=0, le=30 * 86400.0,
+                                      description="how long after its last turn a conversation keeps its worker")
+    conversation_expected_tokens: float = Field(
+        default=256.0, gt=0, description="answer tokens a turn is expected to take when it sets no max_tokens "
+                                         "(the gain of switching is over these)")
+    conversation_prefill_ms: float = Field(
+        default=1.0, ge=0, description="prefill ms per prompt token of a pool not yet observed")
     health_interval_s: float = Field(default=1.0, gt=0)
     health_timeout_s: float = Field(default=1.0, gt=0)
     breaker_failures: int = Field(default=3, ge=1)

@@ -24,6 +24,7 @@ from router.http.asgi import read_body
 from router.http.errors import APIError, validation_error
 from router.keys.ratelimit import ADMITTED, Verdict
 from router.keys.ring import ApiKey
+from router.routing.conversation import conversation_key, history_chars
 from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
 
@@ -42,6 +43,8 @@ class Admitted:
     texts: tuple[str, ...]          # the prompt's texts (chat messages, or the prompt)
     prompt_bytes: int               # their UTF-8 size
     context: RequestContext         # script, temperature bucket, size (the domain comes with routing)
+    conversation: tuple[str, str] | None = None  # (source, key) of the conversation it continues
+    history_chars: int = 0          # characters of the history a worker prefills (all but the new message)
 
     @property
     def stream(self) -> bool:
@@ -56,10 +59,11 @@ class Admitted:
 class Headers:
     """The request headers admission reads, found in one pass."""
 
-    __slots__ = ("authorization", "content_length", "request_id")
+    __slots__ = ("authorization", "content_length", "request_id", "conversation")
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, conversation_header: bytes = b"x-conversation-id") -> None:
         self.authorization, self.content_length, self.request_id = b"", None, None
+        self.conversation: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 self.content_length = value
@@ -67,6 +71,8 @@ class Headers:
                 self.authorization = value
             elif name == b"x-request-id":
                 self.request_id = value
+            elif name == conversation_header:
+                self.conversation = value
 
 
 def client_key(g: Gateway, headers: Headers) -> ApiKey | None:
@@ -103,7 +109,13 @@ async def admit(g: Gateway, headers: Headers, receive: Receive, *, api: Api, rid
     texts = tuple(body.prompt_texts())
     n = text_bytes(texts)
     check_prompt_size(body, g.pools.largest_context(), n)
-    return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n))
+    conv, hist = None, 0
+    if g.settings.conversation_affinity:
+        messages = body.wire_messages() if isinstance(body, ChatCompletionRequest) else None
+        header = headers.conversation.decode("latin-1") if headers.conversation else None
+        conv = conversation_key(header, body.user, messages, key.name if key is not None else "")
+        hist = history_chars(messages, sum(len(t) for t in texts)) if conv is not None else 0
+    return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n), conv, hist)
 
 
 def parse_body(api: Api, raw: bytes) -> Body:

@@ -28,6 +28,7 @@ import orjson
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from router.api.accounting import account
 from router.api.admit import Admitted, Headers, admit, check_prompt_size, client_key, within_limits
 from router.api.openai_wire import (
     SSE_HEADERS,
@@ -43,7 +44,8 @@ from router.api.openai_wire import (
     spec_object,
     sse,
 )
-from router.gateway import Gateway
+from router.api.turns import conversation_header, remember_turn, turn_of
+from router.gateway import Gateway, Turn
 from router.http.asgi import (
     JSON_CONTENT_TYPE,
     ClientDisconnected,
@@ -56,8 +58,8 @@ from router.http.asgi import (
 from router.http.errors import APIError, from_grpc, from_upstream
 from router.http.request_id import request_id
 from router.keys.ratelimit import ADMITTED
-from router.observability.access_log import Outcome
 from router.observability.tracing import RequestTrace
+from router.routing.conversation import worker_id
 from router.routing.decide import Decision
 from router.workers.upstream import Upstream, UpstreamError
 
@@ -80,7 +82,8 @@ class Served:
 class Exchange:
     """One request as far as it got: filled step by step, read once at the end."""
 
-    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "reservation", "decision", "served", "status")
+    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "reservation", "decision", "served", "status",
+                 "turn", "conversation", "shadow_pool")
 
     def __init__(self, api: Api, t0: float, trace: RequestTrace | None) -> None:
         self.api, self.t0, self.trace = api, t0, trace
@@ -91,6 +94,9 @@ class Exchange:
         self.decision: Decision | None = None
         self.served: Served | None = None
         self.status = 0
+        self.turn: Turn | None = None          # the conversation it continues, served before
+        self.conversation = b""                # x-specroute-conversation: new, stay or switch ("": none)
+        self.shadow_pool: str | None = None    # the shadow policy's pool (not served)
 
 
 class Conn:
@@ -128,7 +134,7 @@ async def serve(g: Gateway, api: Api, scope: Scope, receive: Receive, send: Send
     finally:
         if conn.cork is not None:
             conn.cork.uncork()  # a stream's last events (or whatever an error left held) go out now
-        _account(g, ex)
+        account(g, ex)
 
 
 async def _answer(g: Gateway, ex: Exchange, conn: Conn) -> None:
@@ -156,11 +162,12 @@ async def _answer(g: Gateway, ex: Exchange, conn: Conn) -> None:
 
 
 async def _complete(g: Gateway, ex: Exchange, conn: Conn) -> _Reply | None:
-    headers = Headers(conn.scope)
+    headers = Headers(conn.scope, g.conversation_header)
     ex.rid = request_id(headers.request_id)
     ex.key = client_key(g, headers)
     req = ex.request = await admit(g, headers, conn.receive, api=ex.api, rid=ex.rid, key=ex.key)
     ex.reservation = await within_limits(g, req, g.pools.largest_context())
+    ex.turn = await turn_of(g, req)
     d = route(g, ex)
     guard = DisconnectGuard(conn.receive)
     try:
@@ -188,7 +195,12 @@ def route(g: Gateway, ex: Exchange) -> Decision:
     if not probs and label:
         probs = {label: 1.0}
     t_dec = time.time_ns() if tr is not None else 0
-    d = ex.decision = g.route(probs, unc, req.pools, req.context)
+    routed = g.route(probs, unc, req.pools, req.context, ex.turn)
+    d = ex.decision = routed.decision
+    if routed.shadow is not None:
+        ex.shadow_pool = routed.shadow.shadow_pool or "none"
+    if req.conversation is not None:
+        ex.conversation = conversation_header(routed.verdict)
     if tr is not None:
         tr.phase("classify", t_cls, t_dec, {"specroute.domain": d.domain, "specroute.uncertainty": unc})
         tr.phase("decide", t_dec, time.time_ns(), {"specroute.pool": d.pool, "specroute.reason": d.reason})
@@ -212,10 +224,11 @@ async def _open(g: Gateway, ex: Exchange) -> Upstream:
     req, d = ex.request, ex.decision
     assert req is not None and d is not None and d.pool is not None
     metadata = ex.trace.upstream(time.time_ns(), d.pool) if ex.trace is not None else None
+    prefer = ex.turn.sticky.worker if ex.turn is not None and ex.turn.sticky.pool == d.pool else None
     try:
         return await g.open(d, generate_request(req.body, req.rid, d), batch=req.context.batch,
                             deadline=time.monotonic() + g.settings.request_timeout_s, allowed=req.pools,
-                            metadata=metadata, unary=not req.stream)
+                            metadata=metadata, unary=not req.stream, prefer=prefer)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
@@ -255,7 +268,7 @@ async def _whole(g: Gateway, ex: Exchange, up: Upstream, d: Decision) -> _Reply:
     g.metrics.overhead_seconds.observe(overhead)
     _served(g, ex, up, col, 200)
     out = Completion(req.api, req.rid, int(time.time()), req.body.model)
-    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead)],
+    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead, up.endpoint.address)],
                   out.json("".join(col.text), finish, col.usage(), spec_object(d, up.pool, col)))
 
 
@@ -270,7 +283,7 @@ async def _stream(g: Gateway, ex: Exchange, up: Upstream, conn: Conn, guard: Dis
     if cork is not None:  # the head, the role event and the first token: one write
         cork.cork()
     await conn.send({"type": "http.response.start", "status": 200,
-                     "headers": [*SSE_HEADERS, *_headers(g, ex, up.pool, pre_s)]})
+                     "headers": [*SSE_HEADERS, *_headers(g, ex, up.pool, pre_s, up.endpoint.address)]})
     col = Collected(up.ttft_s)
     status, ok = 500, False
     try:
@@ -331,11 +344,21 @@ def _served(g: Gateway, ex: Exchange, up: Upstream, col: Collected, status: int)
                        col.mean_accepted_length() if col.stats is not None else None)
     if status == 200 and g.settings.gateway_feedback:
         g.feedback(gateway_record(d, up.pool, col, up.worker_s, ex.rid or ""))
+    if status == 200 and g.settings.conversation_affinity:
+        assert ex.request is not None
+        remember_turn(g, ex.request, up, col.text, col.prompt_tokens)
 
 
-def _headers(g: Gateway, ex: Exchange, pool: str | None, overhead_s: float) -> list[tuple[bytes, bytes]]:
+def _headers(g: Gateway, ex: Exchange, pool: str | None, overhead_s: float,
+             worker: str | None = None) -> list[tuple[bytes, bytes]]:
+    """The decision headers, the serving worker's id and whether a conversation stayed on it."""
     assert ex.decision is not None and ex.rid is not None
-    return decision_headers(ex.decision, pool, g.snapshot.policy.version, overhead_s, ex.rid)
+    out = decision_headers(ex.decision, pool, g.snapshot.policy.version, overhead_s, ex.rid)
+    if worker is not None:
+        out.append((b"x-specroute-worker", worker_id(worker).encode("latin-1")))
+    if ex.conversation:
+        out.append((b"x-specroute-conversation", ex.conversation))
+    return out
 
 
 def _error(exc: APIError, rid: str | None) -> _Reply:
@@ -356,45 +379,6 @@ def _stopped_by_shutdown() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-
-
-def _account(g: Gateway, ex: Exchange) -> None:
-    """Per-key counts and token charge, the time series, the access-log line and the trace's end."""
-    status = ex.status or 499  # no status: the client went away (or the task was torn down) first
-    sv, d, key = ex.served, ex.decision, ex.key
-    tokens = sv.prompt_tokens + sv.completion_tokens if sv is not None else 0
-    if key is not None:
-        g.metrics.key_requests_by(g.metrics.key_label(key.name), str(status)).inc()
-        if key.limits.tpm is not None:
-            g.keys.limiter.charge(key, tokens, ex.reservation)
-    latency = time.perf_counter() - ex.t0
-    pool = sv.pool if sv is not None else d.pool if d is not None else None
-    domain = d.domain if d is not None else None
-    g.series.observe(domain, pool, status, sv.completion_tokens if sv is not None else 0, latency)
-    if g.access_log is None and ex.trace is None:
-        return
-    out = outcome(ex, status)
-    if g.access_log is not None:
-        g.access_log.write(out, latency)
-    if ex.trace is not None:
-        ex.trace.end(out, g.snapshot.policy.version)
-
-
-def outcome(ex: Exchange, status: int) -> Outcome:
-    """The access log's (and trace's) view of a finished request."""
-    out = Outcome(ex.api)
-    out.rid, out.status = ex.rid, status
-    if ex.key is not None:
-        out.api_key, out.key = ex.key, ex.key.name
-    if ex.request is not None:
-        out.model, out.stream = ex.request.body.model, ex.request.stream
-    if ex.decision is not None:
-        out.domain, out.pool, out.reason = ex.decision.domain, ex.decision.pool, ex.decision.reason
-    if ex.served is not None:
-        sv = ex.served
-        out.pool, out.reason, out.mal = sv.pool, sv.reason, sv.mal
-        out.prompt_tokens, out.completion_tokens = sv.prompt_tokens, sv.completion_tokens
-    return out
 
 
 class ASGIEndpoint(Response):

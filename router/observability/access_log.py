@@ -35,7 +35,7 @@ class Outcome:
     """The access log's (and trace's) view of one finished request (all optional)."""
 
     __slots__ = ("api_key", "trace", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
-                 "prompt_tokens", "completion_tokens", "mal")
+                 "prompt_tokens", "completion_tokens", "mal", "shadow_pool")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -46,9 +46,10 @@ class Outcome:
         self.status = 0
         self.prompt_tokens = self.completion_tokens = 0
         self.mal: float | None = None
+        self.shadow_pool: str | None = None   # the shadow policy's pool for the request (not served)
 
     def as_dict(self, latency_s: float, now: float) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "ts": round(now, 3), "request_id": self.rid, "key": self.key, "kind": self.kind, "model": self.model,
             "stream": self.stream, "domain": self.domain, "pool": self.pool, "reason": self.reason,
             "status": self.status, "prompt_tokens": self.prompt_tokens,
@@ -56,6 +57,9 @@ class Outcome:
             "mean_accepted_length": None if self.mal is None else round(self.mal, 4),
             "latency_ms": round(latency_s * 1000.0, 3),
         }
+        if self.shadow_pool is not None:
+            out["shadow_pool"] = self.shadow_pool
+        return out
 
 
 class AccessLog:

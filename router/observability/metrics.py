@@ -102,6 +102,13 @@ class Metrics:
         self.migrations = Counter(
             "specroute_migrations_total", "Streams continued on another worker after theirs failed",
             ["from_pool", "to_pool"], registry=r)
+        self.conversation_routes = Counter(
+            "specroute_conversation_routes_total",
+            "Turns of a known conversation: kept on their worker's pool (stay) or moved (gain, pin, unavailable)",
+            ["pool", "outcome"], registry=r)
+        self.shadow_decisions = Counter(
+            "specroute_shadow_decisions_total", "Decisions of the shadow policy beside the live one (not served)",
+            ["live_pool", "shadow_pool"], registry=r)
         # memoised children of the labelled metrics the request path touches
         self.requests_by = Children(self.requests)
         self.route_decisions_by = Children(self.route_decisions)
@@ -110,6 +117,8 @@ class Metrics:
         self.fallbacks_by = Children(self.fallbacks)
         self.key_requests_by = Children(self.key_requests)
         self.rate_limited_by = Children(self.rate_limited)
+        self.conversation_routes_by = Children(self.conversation_routes)
+        self.shadow_decisions_by = Children(self.shadow_decisions)
 
     def key_label(self, name: str) -> str:
         """An API key's `key` label: its name only when the operator opts in (`metrics_key_names`;

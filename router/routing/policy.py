@@ -35,6 +35,7 @@ REASONS: tuple[str, ...] = (
     "explore",
     "learned",
     "default",
+    "conversation",
     "fallback",
     "no_healthy_pool",
 )

@@ -4,6 +4,7 @@ The request path only reads `SnapshotSync.snapshot` (an immutable object swapped
 awaits Redis. Two tasks maintain it: a periodic pull of policy and statistics (`refresh`, every
 `stats_interval_s`: the global and recently updated level cells, router/state/stats.py), and a
 pub/sub listener that applies a new policy the moment any gateway writes one. Redis down means a stale snapshot, `redis_ok = False` and a metric.
+The pull also reads the shadow policy, if any (router/state/shadow.py).
 Pulls of the last `drift_window_s` seconds (at most `HISTORY_PULLS`) are kept for change detection
 (router/routing/drift.py): a cell whose recent evidence disagrees with its past is learned from on what came
 since the change.
@@ -25,6 +26,7 @@ from redis.exceptions import RedisError
 from router.observability.metrics import Metrics
 from router.routing.drift import Baselines, adjust
 from router.routing.policy import Policy
+from router.state.shadow import ShadowDoc, load_shadow
 from router.state.stats import domain_cells, migrate_v1, pull_cells
 from router.state.store import EVENTS_CHANNEL, PolicyStore, parse_policy
 from router.tasks import run_every
@@ -46,6 +48,7 @@ class Snapshot:
     # came since its change (router/routing/drift.py)
     cells: Mapping[tuple[str, str], CellStats] = field(default_factory=dict)
     shifted: frozenset[tuple[str, str]] = frozenset()   # (domain or "*", pool) judged on evidence since a change
+    shadow: ShadowDoc | None = None   # the candidate policy deciding beside the live one (router/state/shadow.py)
 
 
 class SnapshotSync:
@@ -95,6 +98,11 @@ class SnapshotSync:
         self.snapshot = dataclasses.replace(self.snapshot, policy=policy)
         self.metrics.policy_version.set(policy.version)
 
+    def apply_shadow(self, shadow: ShadowDoc | None) -> None:
+        """Swap in the shadow policy (None: there is none)."""
+        if shadow != self.snapshot.shadow:
+            self.snapshot = dataclasses.replace(self.snapshot, shadow=shadow)
+
     async def refresh(self) -> None:
         """Pull policy and statistics once (about every second from the refresh loop)."""
         assert self.store is not None
@@ -114,7 +122,8 @@ class SnapshotSync:
             self.metrics.learning_shifts.labels(*group).inc()
         self.baselines = view.baselines
         self._remember(now, cells, learning.drift_window_s)
-        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), view.cells, view.shifted)
+        shadow = await load_shadow(self.store)
+        self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), view.cells, view.shifted, shadow)
         for (d, p), s in aged.items():
             mal = s.mean_accepted_length
             if mal is not None:

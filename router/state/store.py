@@ -2,6 +2,8 @@
 
 - `specroute:policy`: the current policy JSON (with `version`).
 - `specroute:policy:versions`: list of history entries `{version, time, actor, action, diff, policy}`.
+- `specroute:policy:shadow`: the shadow policy, if any (router/state/shadow.py; its submit and discard
+  are audited in the history above, as `shadow: true` entries).
 - `specroute:policy:events`: pub/sub channel; every write publishes the new document.
 - `specroute:stats:v2:*`: decayed aggregates written by workers (specroute/contracts/feedback.py), read by
   router/state/stats.py.
@@ -156,7 +158,7 @@ class PolicyStore:
 
     async def version(self, v: int) -> dict[str, Any] | None:
         for entry in await self.versions(MAX_HISTORY):
-            if int(entry.get("version", -1)) == v:
+            if not entry.get("shadow") and int(entry.get("version", -1)) == v:
                 return entry
         return None
 

@@ -18,6 +18,7 @@ from collections import Counter
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.routing.conversation import worker_id
 from router.workers.breaker import Breaker
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
@@ -183,6 +184,7 @@ class Endpoint:
         load = self.load
         return {
             "address": self.address,
+            "worker_id": worker_id(self.address),
             "mode": self.mode,
             "healthy": self.healthy,
             "breaker": self.breaker_state,

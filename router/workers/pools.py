@@ -134,12 +134,18 @@ class PoolManager:
                                   endpoints=n, speculative=spec, draft_now=draft_now, compute_bound_tokens=bound)
         return out
 
-    def pick(self, pool: str, exclude: set[Endpoint] | None = None, batch: str = "") -> Endpoint | None:
-        """The available endpoint of `pool` for a request of batch kind `batch`: the least loaded, or within
-        `affinity_slack` rows of it the one whose worker runs fewest rows of another kind
-        (router/routing/affinity.py); random among ties."""
+    def pick(self, pool: str, exclude: set[Endpoint] | None = None, batch: str = "",
+             prefer: str | None = None) -> Endpoint | None:
+        """The available endpoint of `pool` for a request of batch kind `batch`: the one at address `prefer`
+        (a conversation's worker) when it is available; else the least loaded, or within `affinity_slack`
+        rows of it the one whose worker runs fewest rows of another kind (router/routing/affinity.py);
+        random among ties."""
         now = time.monotonic()
         eps = [e for e in self.pools.get(pool, ()) if not (exclude and e in exclude) and e.available(now)]
+        if prefer is not None:
+            for e in eps:
+                if e.address == prefer:
+                    return e
         cands = [Candidate(e.score(), 1.0 / e.capacity(), e.worker.batches[batch], e.worker.inflight) for e in eps]
         best = [eps[i] for i in choose(cands, self.affinity_slack if batch else 0.0)]
         if not best:

@@ -171,18 +171,19 @@ class Dispatcher:
 
     async def open(self, order: Sequence[str], req: engine_pb2.GenerateRequest, deadline: float, *,
                    batch: str = "", metadata: tuple[tuple[str, str], ...] | None = None,
-                   unary: bool = False, exclude: Collection[Endpoint] = ()) -> Upstream:
+                   unary: bool = False, exclude: Collection[Endpoint] = (), prefer: str | None = None) -> Upstream:
         """Start the worker call and wait for its first chunk (`unary`: its whole answer), trying the
         pools of `order` (the decision's pool first) and at most `max_attempts` endpoints in all
         (`batch`: the request's batch kind; `metadata`: gRPC metadata of every try, e.g. the trace
-        context; `exclude`: endpoints not to try)."""
+        context; `exclude`: endpoints not to try; `prefer`: the address of the first pool's endpoint to try
+        first while it is available, a conversation's worker)."""
         tried: set[Endpoint] = set(exclude)
         attempts = 0
         last: grpc.aio.AioRpcError | None = None
         chosen = prev_pool = order[0] if order else None
         for pool in order:
             while attempts < self.max_attempts:
-                ep = self.pools.pick(pool, tried, batch)
+                ep = self.pools.pick(pool, tried, batch, prefer if pool == chosen else None)
                 if ep is None:
                     break
                 remaining = deadline - time.monotonic()
