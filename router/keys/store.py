@@ -1,6 +1,6 @@
 """The gateway's keys at run time: the `KeyRing` the request path reads (router/keys/ring.py), kept in
-step with Redis (`specroute:keys`) by a background pull every `interval_s`, and the admin writes
-(put, delete), each recorded in the audit log (`specroute:audit`, newest last, capped) in the same
+step with Redis (`{specroute}:keys`) by a background pull every `interval_s`, and the admin writes
+(put, delete), each recorded in the audit log (`{specroute}:audit`, newest last, capped) in the same
 transaction. The request path never awaits Redis for a key; only the rate limiter
 (router/keys/ratelimit.py) does, for keys that have a limit.
 """
