@@ -6,7 +6,9 @@ while its workers are killed, and whether it loses anything or grows.
 `--concurrency` client threads send one request after another for `--minutes`: non-streaming and
 streaming chat and code requests, streams the client abandons after their first event (a cancellation),
 and bad inputs (malformed JSON, a wrong Content-Type, a missing field, out-of-range parameters, an
-unknown model). Every minute (at half past) one worker, in turn, gets `kill -9`; the supervisor
+unknown model); a client whose request failed waits 1 s (the 503's `Retry-After`) before its next.
+Every minute (from half past the first) one worker, in turn, gets `kill -9` while the gateway sees every
+pool healthy (a restart that takes longer than that delays the next kill: `late_s`); the supervisor
 restarts it. Each request ends as exactly one of:
 
 - `served`: a complete answer (JSON with choices, or a stream that reached `[DONE]`);
@@ -18,6 +20,8 @@ restarts it. Each request ends as exactly one of:
 
 The acceptance is `lost == 0` and a flat resident memory: RSS of the gateway and of the gateway plus
 the workers, sampled every 5 s from /proc, at the start (after a warm-up) and at the end, within 10%.
+A restarted worker starts small again, so the total's drift is also given against its first sample
+after every worker has been restarted once.
 The result is the `soak` section of `--out` (the chaos suite's file; its fault rows are kept).
 """
 
@@ -47,6 +51,7 @@ CODE = "Write a Python function `def add(a, b):` that returns a + b.\n```python\
 # the traffic mix, one entry per request in turn (each thread starts at a different place)
 MIX = ("chat", "code-stream", "chat-stream", "cancel", "code", "bad", "chat-stream", "code-stream", "cancel", "bad")
 BAD = ("malformed-json", "content-type", "no-messages", "max-tokens", "temperature", "unknown-model")
+RETRY_S = 1.0
 SERVE_ENV = {  # the chaos suite's settings: a dead endpoint is noticed within a health interval
     "SPECROUTE_WORKER_THREADS": "1", "SPECROUTE_HEALTH_INTERVAL_S": "0.25", "SPECROUTE_BREAKER_COOLDOWN_S": "1",
     "SPECROUTE_REQUEST_TIMEOUT_S": "30", "SPECROUTE_SERVE_RESTART_BACKOFF_S": "0.2",
@@ -200,12 +205,16 @@ class Serve:
         os.kill(pid, signal.SIGKILL)
         return pid, time.monotonic()
 
-    def back_s(self, name: str, old_pid: int, since: float, within_s: float = 120.0) -> float | None:
-        def back() -> bool:
-            c = self.children().get(name, {})
-            return c.get("state") == "up" and c.get("pid") != old_pid
+    def is_back(self, name: str, old_pid: int) -> bool:
+        c = self.children().get(name, {})
+        return c.get("state") == "up" and c.get("pid") != old_pid
 
-        return round(time.monotonic() - since, 2) if poll_until(back, within_s, 0.1) else None
+    def all_healthy(self) -> bool:
+        """The gateway sees every pool healthy (`/readyz` says `ready`, not `degraded`)."""
+        try:
+            return httpx.get(self.url + "/readyz", timeout=5).json().get("status") == "ready"
+        except (httpx.HTTPError, ValueError):
+            return False
 
     def metric(self, name: str) -> float:
         """The sum of a counter's series on the gateway's /metrics."""
@@ -240,6 +249,13 @@ def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict
     def drift(key: str) -> float:
         return round(last[key] / first[key] - 1, 4) if first[key] else 0.0
 
+    # a restarted worker starts small again: the total's steady state is the first sample after every
+    # worker has been killed once and is back
+    names = {k["worker"] for k in kills}
+    cycle = next((k for k in kills if {x["worker"] for x in kills[:kills.index(k) + 1]} == names), None)
+    after = (next((s for s in rss if cycle["back_s"] is not None and s["t_s"] >= cycle["t_s"] + cycle["back_s"] + 10),
+                  None) if cycle else None)
+
     return {
         "requests": len(results), "served": by["served"], "cancelled": by["cancelled"], "rejected": by["rejected"],
         "failed": by["failed"], "lost": by["lost"],
@@ -254,6 +270,8 @@ def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict
         "rss_start_kb": first, "rss_end_kb": last,
         "rss_max_total_kb": max(s["total_kb"] for s in rss),
         "rss_drift_gateway": drift("gateway_kb"), "rss_drift_total": drift("total_kb"),
+        "rss_after_each_worker_restarted_kb": after,
+        "rss_drift_total_since_each_worker_restarted": round(last["total_kb"] / after["total_kb"] - 1, 4) if after else None,
     }
 
 
@@ -276,8 +294,8 @@ def soak(model: str, minutes: float, concurrency: int, warmup_s: float, max_toke
                 if counting.is_set():
                     with lock:
                         results.append(res)
-                if res.result == "lost":
-                    time.sleep(0.2)
+                if res.result in ("failed", "lost"):
+                    stop.wait(RETRY_S)   # as a client honouring the 503's `Retry-After` (1 s) would
 
     try:
         threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(concurrency)]
@@ -290,15 +308,22 @@ def soak(model: str, minutes: float, concurrency: int, warmup_s: float, max_toke
         workers = serve.workers()
         rss = [{"t_s": 0.0, **serve.rss()}]
         kills: list[dict[str, Any]] = []
+        pending: tuple[str, int, float] | None = None   # the last kill until its worker is up again
         next_kill, next_rss = t0 + kill_every_s / 2, t0 + 5
         while time.monotonic() < end:
             now = time.monotonic()
-            if now >= next_kill:
+            if pending is not None and serve.is_back(pending[0], pending[1]):
+                kills[-1]["back_s"] = round(now - pending[2], 1)
+                pending = None
+            # one kill a minute, each while the other workers serve (the gateway sees every pool healthy:
+            # a restart slower than a minute delays the next kill, and the delay is recorded)
+            if now >= next_kill and pending is None and serve.all_healthy():
                 name = workers[len(kills) % len(workers)]
                 pid, since = serve.kill(name)
-                kills.append({"t_s": round(since - t0, 1), "worker": name,
-                              "back_s": serve.back_s(name, pid, since)})
-                next_kill += kill_every_s
+                kills.append({"t_s": round(since - t0, 1), "worker": name, "late_s": round(since - next_kill, 1),
+                              "back_s": None})
+                pending = (name, pid, since)
+                next_kill = max(next_kill + kill_every_s, since + kill_every_s / 2)
             if now >= next_rss:
                 rss.append({"t_s": round(now - t0, 1), **serve.rss()})
                 next_rss += 5
@@ -343,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(full, indent=1) + "\n")
     keys = ("requests", "served", "cancelled", "rejected", "failed", "lost", "failed_by_cause", "lost_by_cause",
-            "latency_served_s", "worker_kills", "migrated_requests", "rss_start_kb", "rss_end_kb", "rss_drift_gateway", "rss_drift_total")
+            "latency_served_s", "worker_kills", "migrated_requests", "rss_start_kb", "rss_end_kb", "rss_drift_gateway", "rss_drift_total",
+            "rss_after_each_worker_restarted_kb", "rss_drift_total_since_each_worker_restarted")
     print(json.dumps({k: doc[k] for k in keys}, indent=1))
     ok = doc["lost"] == 0 and abs(doc["rss_drift_total"]) <= 0.10
     print(f"soak: {'PASS' if ok else 'FAIL'} (lost {doc['lost']}, RSS drift {doc['rss_drift_total']:+.1%}) -> {out}")
