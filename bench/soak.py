@@ -154,7 +154,18 @@ def rss_kb(pid: int) -> int:
 
 
 class Serve:
-    """`specroute serve` in its own session, with its status file for the children's pids."""
+    """`specroute serve` in its own session, with its status file for the children's pids (or, from
+    `attach`, one that runs already)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    start_s = 0.0
+
+    @classmethod
+    def attach(cls, url: str, status_path: Path) -> Serve:
+        """A `specroute serve` started elsewhere (the chaos suite's): its gateway URL and status file."""
+        s = cls.__new__(cls)
+        s.url, s.status_path = url, status_path
+        return s
 
     def __init__(self, model: str, tmp: Path) -> None:
         self.port = free_port()
@@ -180,7 +191,7 @@ class Serve:
             return False
 
     def _alive(self) -> None:
-        if self.proc.poll() is not None:
+        if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"specroute serve exited {self.proc.returncode}")
 
     def children(self) -> dict[str, dict[str, Any]]:
@@ -223,6 +234,8 @@ class Serve:
                    if line.startswith(name + "{") or line.startswith(name + " "))
 
     def stop(self) -> None:
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -277,8 +290,18 @@ def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict
 
 def soak(model: str, minutes: float, concurrency: int, warmup_s: float, max_tokens: int, deadline_s: float,
          kill_every_s: float) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="specroute-soak-"))
-    serve = Serve(model, tmp)
+    serve = Serve(model, Path(tempfile.mkdtemp(prefix="specroute-soak-")))
+    try:
+        doc = run(serve, minutes, concurrency, warmup_s, max_tokens, deadline_s, kill_every_s)
+    finally:
+        serve.stop()
+    doc.update(model=model, system_start_s=round(serve.start_s, 1), settings=SERVE_ENV)
+    return doc
+
+
+def run(serve: Serve, minutes: float, concurrency: int, warmup_s: float, max_tokens: int, deadline_s: float,
+        kill_every_s: float) -> dict[str, Any]:
+    """The soak's traffic and kills against `serve` for `minutes` (after `warmup_s`); its figures."""
     results: list[Result] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -289,18 +312,19 @@ def soak(model: str, minutes: float, concurrency: int, warmup_s: float, max_toke
         with httpx.Client(base_url=serve.url) as client:
             while not stop.is_set():
                 kind = MIX[n % len(MIX)]
+                counted = counting.is_set()   # a request counts when it started on the clock
                 res = one(client, kind, n // len(MIX) + i, deadline_s, max_tokens)
                 n += 1
-                if counting.is_set():
+                if counted:
                     with lock:
                         results.append(res)
                 if res.result in ("failed", "lost"):
                     stop.wait(RETRY_S)   # as a client honouring the 503's `Retry-After` (1 s) would
 
+    threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
     try:
-        threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(concurrency)]
-        for t in threads:
-            t.start()
         time.sleep(warmup_s)  # the memory every part takes once it has served each kind of request
         counting.set()
         t0 = time.monotonic()
@@ -329,18 +353,15 @@ def soak(model: str, minutes: float, concurrency: int, warmup_s: float, max_toke
                 next_rss += 5
             time.sleep(0.1)
         rss.append({"t_s": round(time.monotonic() - t0, 1), **serve.rss()})
-        counting.clear()  # requests that end after the clock stopped still count (started inside)
+        counting.clear()  # requests that started on the clock and end after it still count
+    finally:
         stop.set()
         for t in threads:
             t.join(deadline_s + 10)
-        doc = summarize(results, rss, kills)
-        doc.update(minutes=minutes, concurrency=concurrency, warmup_s=warmup_s, max_tokens=max_tokens,
-                   deadline_s=deadline_s, model=model, system_start_s=round(serve.start_s, 1),
-                   settings=SERVE_ENV, rss_samples=rss,
-                   migrated_requests=serve.metric("specroute_migrations_total"))
-        return doc
-    finally:
-        serve.stop()
+    doc = summarize(results, rss, kills)
+    doc.update(minutes=minutes, concurrency=concurrency, warmup_s=warmup_s, max_tokens=max_tokens,
+               deadline_s=deadline_s, rss_samples=rss, migrated_requests=serve.metric("specroute_migrations_total"))
+    return doc
 
 
 def build_parser() -> argparse.ArgumentParser:
