@@ -20,8 +20,8 @@ restarts it. Each request ends as exactly one of:
 
 The acceptance is `lost == 0` and a flat resident memory: RSS of the gateway and of the gateway plus
 the workers, sampled every 5 s from /proc, at the start (after a warm-up) and at the end, within 10%.
-A restarted worker starts small again, so the total's drift is also given against its first sample
-after every worker has been restarted once.
+A restarted worker starts small and grows while it loads, so the samples compared are the ones just
+before each kill (`steady`): the end is the last of them.
 The result is the `soak` section of `--out` (the chaos suite's file; its fault rows are kept).
 """
 
@@ -253,22 +253,38 @@ def pctl(xs: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, int(round(q * len(s))) - 1))]
 
 
-def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
-    """The soak's figures: counts by outcome and cause, latency of the served requests, RSS drift."""
-    by = Counter(r.result for r in results)
-    served = [r.latency_s for r in results if r.result == "served"]
-    first, last = rss[0], rss[-1]
+def steady(rss: list[dict[str, Any]], kills: list[dict[str, Any]], before_s: float = 0.0) -> list[dict[str, Any]]:
+    """The samples of the system at its fullest between kills: the first one (after the warm-up) and, for
+    each kill, the last one taken before it (a killed worker restarts small and grows back while it loads
+    and serves; by the next kill it is whole). `before_s`: samples stamped up to that much before they
+    were taken."""
+    out = rss[:1]
+    for k in kills:
+        prev = [s for s in rss if s["t_s"] < k["t_s"] - before_s]
+        if prev and prev[-1] is not out[-1]:
+            out.append(prev[-1])
+    return out
+
+
+def rss_figures(rss: list[dict[str, Any]], kills: list[dict[str, Any]], before_s: float = 0.0) -> dict[str, Any]:
+    """RSS at the start (after the warm-up) and at the end (the last `steady` sample: just before the last
+    kill), the drift between them, and the range of the steady samples."""
+    kept = steady(rss, kills, before_s=before_s) or rss[:1]
+    first, last = kept[0], kept[-1]
 
     def drift(key: str) -> float:
         return round(last[key] / first[key] - 1, 4) if first[key] else 0.0
 
-    # a restarted worker starts small again: the total's steady state is the first sample after every
-    # worker has been killed once and is back
-    names = {k["worker"] for k in kills}
-    cycle = next((k for k in kills if {x["worker"] for x in kills[:kills.index(k) + 1]} == names), None)
-    after = (next((s for s in rss if cycle["back_s"] is not None and s["t_s"] >= cycle["t_s"] + cycle["back_s"] + 10),
-                  None) if cycle else None)
+    return {"rss_start_kb": first, "rss_end_kb": last, "rss_drift_gateway": drift("gateway_kb"),
+            "rss_drift_total": drift("total_kb"), "rss_steady_samples": len(kept),
+            "rss_steady_total_kb_range": [min(s["total_kb"] for s in kept), max(s["total_kb"] for s in kept)],
+            "rss_max_total_kb": max(s["total_kb"] for s in rss)}
 
+
+def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict[str, Any]]) -> dict[str, Any]:
+    """The soak's figures: counts by outcome and cause, latency of the served requests, RSS drift."""
+    by = Counter(r.result for r in results)
+    served = [r.latency_s for r in results if r.result == "served"]
     return {
         "requests": len(results), "served": by["served"], "cancelled": by["cancelled"], "rejected": by["rejected"],
         "failed": by["failed"], "lost": by["lost"],
@@ -280,11 +296,7 @@ def summarize(results: list[Result], rss: list[dict[str, Any]], kills: list[dict
         "latency_served_s": {"p50": round(pctl(served, 0.5) or 0, 3), "p99": round(pctl(served, 0.99) or 0, 3),
                              "max": round(max(served, default=0), 3)},
         "worker_kills": len(kills), "kills": kills,
-        "rss_start_kb": first, "rss_end_kb": last,
-        "rss_max_total_kb": max(s["total_kb"] for s in rss),
-        "rss_drift_gateway": drift("gateway_kb"), "rss_drift_total": drift("total_kb"),
-        "rss_after_each_worker_restarted_kb": after,
-        "rss_drift_total_since_each_worker_restarted": round(last["total_kb"] / after["total_kb"] - 1, 4) if after else None,
+        **rss_figures(rss, kills),
     }
 
 
@@ -349,7 +361,7 @@ def run(serve: Serve, minutes: float, concurrency: int, warmup_s: float, max_tok
                 pending = (name, pid, since)
                 next_kill = max(next_kill + kill_every_s, since + kill_every_s / 2)
             if now >= next_rss:
-                rss.append({"t_s": round(now - t0, 1), **serve.rss()})
+                rss.append({"t_s": round(time.monotonic() - t0, 1), **serve.rss()})   # stamped when taken
                 next_rss += 5
             time.sleep(0.1)
         rss.append({"t_s": round(time.monotonic() - t0, 1), **serve.rss()})
@@ -390,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(full, indent=1) + "\n")
     keys = ("requests", "served", "cancelled", "rejected", "failed", "lost", "failed_by_cause", "lost_by_cause",
             "latency_served_s", "worker_kills", "migrated_requests", "rss_start_kb", "rss_end_kb", "rss_drift_gateway", "rss_drift_total",
-            "rss_after_each_worker_restarted_kb", "rss_drift_total_since_each_worker_restarted")
+            "rss_steady_total_kb_range")
     print(json.dumps({k: doc[k] for k in keys}, indent=1))
     ok = doc["lost"] == 0 and abs(doc["rss_drift_total"]) <= 0.10
     print(f"soak: {'PASS' if ok else 'FAIL'} (lost {doc['lost']}, RSS drift {doc['rss_drift_total']:+.1%}) -> {out}")

@@ -474,6 +474,26 @@ def test_kill_gateway(system: System, traffic: Traffic) -> None:
     assert all(o.result == "served" for o in outs if o.start > t_kill + recovery)
 
 
+def test_soak_smoke(system: System, traffic: Traffic) -> None:
+    """20 s of the soak's mix (bench/soak.py: streams, client cancellations, bad inputs; 4 more clients
+    beside the suite's traffic) with one worker kill -9 while every pool is healthy: every request is
+    served, cancelled by its client, rejected with a 4xx OpenAI error, or failed with one; none is lost.
+    About 30 s (the killed worker is back before the next test)."""
+    from bench.soak import Serve, run
+
+    assert poll_until(lambda: system.readyz()["status"] == "ready", BACK_WITHIN_S, 0.2), system.tail()
+    doc = run(Serve.attach(system.url, system.status_path), minutes=20 / 60, concurrency=4, warmup_s=1.0,
+              max_tokens=16, deadline_s=20.0, kill_every_s=20.0)
+    ROWS.append({"fault": "soak smoke: 20 s of streams, cancellations, bad inputs; 1 worker kill -9",
+                 "sent": doc["requests"], "served": doc["served"] + doc["cancelled"], "failed": doc["failed"] + doc["lost"],
+                 "clean_errors": doc["failed"] + doc["rejected"], "hung": 0, "unclean": doc["lost"], "refused": 0,
+                 "recovery_s": None, "rejected_bad_inputs": doc["rejected"], "cancelled": doc["cancelled"],
+                 "failed_by_cause": doc["failed_by_cause"], "lost_by_cause": doc["lost_by_cause"]})
+    assert doc["worker_kills"] == 1 and doc["lost"] == 0, doc["lost_by_cause"]
+    assert doc["served"] > 0 and doc["cancelled"] > 0 and doc["rejected"] > 0
+    assert poll_until(lambda: system.readyz()["status"] == "ready", BACK_WITHIN_S, 0.2), system.tail()
+
+
 def test_nothing_acknowledged_was_lost(system: System) -> None:
     """Every policy version the admin API confirmed, in this run, survives: the earlier faults' and one
     written here right before a kill -9 of Redis (so the test means something when run alone)."""
