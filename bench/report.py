@@ -345,7 +345,7 @@ def block_soak(ctx: Ctx) -> list[str]:
         f"{s['concurrency']} clients (streams, non-streaming, client cancellations, bad inputs), "
         f"{s['worker_kills']} worker `kill -9`s (one a minute, each while every pool was healthy"
         + (f"; {len(late)} waited for a slow restart" if late else "") + "), "
-        f"{s['cpus']} shared cores (1-minute load {s['load_avg_1m_at_end']:g} at the end).",
+        f"{s['cpus']} shared cores of {s.get('cpu') or 'a CPU not recorded'} (1-minute load {s['load_avg_1m_at_end']:g} at the end).",
         "",
         f"- {s['requests']} requests: {s['served']} served, {s['cancelled']} cancelled by their client, "
         f"{s['rejected']} bad inputs rejected with a 4xx OpenAI error ({cause(s['rejected_by_cause'])}), "

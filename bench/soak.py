@@ -376,6 +376,15 @@ def run(serve: Serve, minutes: float, concurrency: int, warmup_s: float, max_tok
     return doc
 
 
+def cpu_model() -> str:
+    """This machine's CPU model (/proc/cpuinfo), or "" where there is none."""
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name"))
+    except (OSError, StopIteration):
+        return ""
+    return line.split(":", 1)[1].strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specroute bench soak", description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=10.0)
@@ -394,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     doc = soak(a.model, a.minutes, a.concurrency, a.warmup, a.max_tokens, a.deadline, a.kill_every)
     doc = {"command": "specroute bench soak " + " ".join(argv or []), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), **doc}
+           "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(), "cpu": cpu_model(), **doc}
     out = Path(a.out)
     full = json.loads(out.read_text()) if out.is_file() else {}
     full["soak"] = doc
