@@ -478,7 +478,8 @@ def test_soak_smoke(system: System, traffic: Traffic) -> None:
     """20 s of the soak's mix (bench/soak.py: streams, client cancellations, bad inputs; 4 more clients
     beside the suite's traffic) with one worker kill -9 while every pool is healthy: every request is
     served, cancelled by its client, rejected with a 4xx OpenAI error, or failed with one; none is lost.
-    About 30 s (the killed worker is back before the next test)."""
+    About 26 s where a worker restarts in 5 s (the killed worker is back before the next test); 60 s
+    measured on two cores at load 11, where a restart took 40 s."""
     from bench.soak import Serve, run
 
     assert poll_until(lambda: system.readyz()["status"] == "ready", BACK_WITHIN_S, 0.2), system.tail()
