@@ -17,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos fuzz lint proto chart manifest clean
+.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos soak fuzz lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -108,6 +108,12 @@ bench-vllm: install-vllm
 chaos: install
 	@mkdir -p bench/results
 	SPECROUTE_CHAOS_REPORT=bench/results/chaos.json $(BIN)/python -m pytest -q -p no:cacheprovider -m chaos tests/chaos
+
+# 10 minutes of mixed traffic (streams, cancellations, bad inputs) with a worker kill -9 every minute against
+# `specroute serve` on models/demo: the `soak` section of bench/results/chaos.json (fails on a lost request or
+# an RSS drift over 10%)
+soak: install
+	$(BIN)/specroute bench soak --minutes 10 --out bench/results/chaos.json
 
 # property-based fuzzing of /v1/* and /admin/* (schemathesis): bench/results/fuzz.json, fails on any 5xx or hang
 fuzz: install

@@ -333,6 +333,34 @@ def block_sim(ctx: Ctx) -> list[str]:
     ] + sources(ctx)
 
 
+def block_soak(ctx: Ctx) -> list[str]:
+    s = ctx.load("chaos.json")["soak"]
+    cause = lambda d: ", ".join(f"{n} {c}" for c, n in d.items()) or "none"  # noqa: E731
+    lat, start, end = s["latency_served_s"], s["rss_start_kb"], s["rss_end_kb"]
+    lo, hi = s["rss_steady_total_kb_range"]
+    late = [k["late_s"] for k in s["kills"] if k.get("late_s", 0) > 1]
+    back = [k["back_s"] for k in s["kills"] if k.get("back_s") is not None]
+    return [
+        f"Soak (`specroute bench soak`, `specroute serve` on `{s['model']}`): {s['minutes']:g} minutes, "
+        f"{s['concurrency']} clients (streams, non-streaming, client cancellations, bad inputs), "
+        f"{s['worker_kills']} worker `kill -9`s (one a minute, each while every pool was healthy"
+        + (f"; {len(late)} waited for a slow restart" if late else "") + "), "
+        f"{s['cpus']} shared cores of {s.get('cpu') or 'a CPU not recorded'} (1-minute load {s['load_avg_1m_at_end']:g} at the end).",
+        "",
+        f"- {s['requests']} requests: {s['served']} served, {s['cancelled']} cancelled by their client, "
+        f"{s['rejected']} bad inputs rejected with a 4xx OpenAI error ({cause(s['rejected_by_cause'])}), "
+        f"{s['failed']} failed with an OpenAI error ({cause(s['failed_by_cause'])}), **{s['lost']} lost**; "
+        f"{int(s['migrated_requests'])} streams continued on another worker.",
+        f"- Served latency p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (max {lat['max']:.2f} s); a killed "
+        f"worker was back in {min(back):.0f}-{max(back):.0f} s." if back else
+        f"- Served latency p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (max {lat['max']:.2f} s).",
+        f"- RSS just before each kill (a killed worker restarts small): gateway {start['gateway_kb'] / 1024:.0f} -> "
+        f"{end['gateway_kb'] / 1024:.0f} MiB ({pct(s['rss_drift_gateway'])}, never restarted); gateway + workers "
+        f"{start['total_kb'] / 1024:.0f} -> {end['total_kb'] / 1024:.0f} MiB ({pct(s['rss_drift_total'])}; "
+        f"{lo / 1024:.0f}-{hi / 1024:.0f} MiB over the {s['rss_steady_samples']} samples).",
+    ] + sources(ctx)
+
+
 BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "target": block_target,
     "acceptance": block_acceptance,
@@ -341,6 +369,7 @@ BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "gateway": block_gateway,
     "classifier": block_classifier,
     "sim": block_sim,
+    "soak": block_soak,
 }
 
 

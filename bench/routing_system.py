@@ -140,7 +140,7 @@ class System:
 
     def reset_stats(self) -> None:
         """Forget everything learned (statistics and the feedback stream); gateways re-read in ~1 s."""
-        self._delete("specroute:stats:*", "specroute:feedback")
+        self._delete("{specroute}:stats:*", "{specroute}:feedback")
 
     # --- workers ----------------------------------------------------------------------------------
     def start_workers(self, keys: list[WorkerKey]) -> None:
@@ -182,7 +182,7 @@ class System:
     # --- gateway ----------------------------------------------------------------------------------
     def start_gateway(self, arm: Arm) -> None:
         self.stop_gateway()
-        self._delete("specroute:policy*", "specroute:stats:*", "specroute:feedback", "specroute:ts")
+        self._delete("{specroute}:policy*", "{specroute}:stats:*", "{specroute}:feedback", "{specroute}:ts")
         self.gateway_port = free_port()
         log = self.log_dir / f"gateway-{arm.name}.log"
         pools = [f"{name}={','.join(self.workers[k][1] for k in ks)}" for name, ks in arm.pools.items()]

@@ -174,7 +174,7 @@ class Settings(BaseSettings):
         default_factory=dict, description="per-key limits: name -> {rpm, tpm, pools, domains} (router/keys/ring.py)")
     key_hash_secret: SecretStr | None = Field(
         default=None, description="the HMAC key API key secrets are hashed under (default: one random secret "
-                                  "shared by the gateways in Redis, `specroute:keys:hash-secret`)")
+                                  "shared by the gateways in Redis, `{specroute}:keys:hash-secret`)")
     metrics_key_names: bool = Field(
         default=False, description="label per-key metrics with the key's name (default: `redacted`)")
 

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("engines.importer", "import a model (HF folder, GGUF, packaged file) as a bundle"),
     "train": ("engines.training.cli", "train tokenizer, target or drafters"),
     "classifier": ("classifier.cli", "train / evaluate the request classifier"),
+    "redis": ("specroute.redis_url", "Redis maintenance: `redis migrate` moves keys to the hash-tagged names"),
     "bench": ("bench.cli", "benchmarks writing bench/results/*.json"),
     "sim": ("bench.sim.cli", "simulate a fleet behind the gateway's policy (what-if, calibration, Hy3 check)"),
 }

@@ -44,9 +44,9 @@ class FeedbackWriter:
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> FeedbackWriter:
-        import redis.asyncio as aioredis
+        from specroute.redis_url import connect
 
-        client = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = connect(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         return cls(client, owns_client=True, **kw)
 
     def start(self) -> asyncio.Task[None]:

@@ -9,7 +9,7 @@ Keys come from two places, merged by name:
 
 - static: `SPECROUTE_API_KEYS` / `--api-key` / `--api-key-file` (secrets) and
   `SPECROUTE_API_KEY_LIMITS` (`{"name": {"rpm": 60, "tpm": 100000, "pools": [...], "domains": [...]}}`);
-- Redis (`specroute:keys`, hash name -> JSON `StoredKey`), written by the admin API
+- Redis (`{specroute}:keys`, hash name -> JSON `StoredKey`), written by the admin API
   (`/admin/keys`), read by every gateway about once a second. A stored entry overrides a static
   key's limits, and its secret (when it has one) replaces the static secret; deleting it restores the
   static key.
@@ -33,13 +33,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from router.routing.policy import MAX_DOMAINS, MAX_POOLS
+from specroute.contracts.feedback import PREFIX
 
 log = logging.getLogger("specroute.gateway.keys")
 
-KEYS_KEY = "specroute:keys"
-HASH_SECRET_KEY = "specroute:keys:hash-secret"  # the shared key-hash secret, when the operator sets none
+KEYS_KEY = PREFIX + "keys"
+HASH_SECRET_KEY = PREFIX + "keys:hash-secret"  # the shared key-hash secret, when the operator sets none
 MIN_SECRET_CHARS = 16
-AUDIT_KEY = "specroute:audit"
+AUDIT_KEY = PREFIX + "audit"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_KEYS = 1000  # names are metric label values: keep their number bounded
 
@@ -83,7 +84,7 @@ class KeyWrite(KeyLimits):
 
 
 class StoredKey(KeyLimits):
-    """A key's entry in `specroute:keys` (the secret only as its keyed hash). `secret_sha256` is read
+    """A key's entry in `{specroute}:keys` (the secret only as its keyed hash). `secret_sha256` is read
     only to refuse it (an unsalted hash of an older version)."""
 
     secret_hmac: str | None = None

@@ -1,6 +1,6 @@
 """The gateway's keys at run time: the `KeyRing` the request path reads (router/keys/ring.py), kept in
-step with Redis (`specroute:keys`) by a background pull every `interval_s`, and the admin writes
-(put, delete), each recorded in the audit log (`specroute:audit`, newest last, capped) in the same
+step with Redis (`{specroute}:keys`) by a background pull every `interval_s`, and the admin writes
+(put, delete), each recorded in the audit log (`{specroute}:audit`, newest last, capped) in the same
 transaction. The request path never awaits Redis for a key; only the rate limiter
 (router/keys/ratelimit.py) does, for keys that have a limit.
 """
@@ -33,6 +33,7 @@ from router.keys.ring import (
 from router.observability.metrics import Metrics
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import run_every
+from specroute.redis_url import migrate_legacy_names
 
 log = logging.getLogger("specroute.gateway.keys")
 MAX_AUDIT = 1000
@@ -47,6 +48,7 @@ class KeyManager:
         # in Redis; until then a random one, which matches only this process' static keys
         self.hash_key = hash_secret.encode("utf-8") if hash_secret else secrets.token_bytes(32)
         self.hash_key_shared = bool(hash_secret) or store is None
+        self.names_migrated = False   # `migrate_legacy_names` has run against the store
         self.static_limits = dict(static_limits)
         self.store = store
         self.metrics = metrics
@@ -74,6 +76,11 @@ class KeyManager:
 
     async def pull(self) -> None:
         assert self.store is not None
+        if not self.names_migrated:
+            # before the first read or write under the tagged names: a gateway that started while Redis
+            # was down must not create a fresh secret beside the one stored under the old name
+            await migrate_legacy_names(self.store.client)
+            self.names_migrated = True
         if not self.hash_key_shared:
             await self.store.client.set(HASH_SECRET_KEY, secrets.token_hex(32), nx=True)
             shared = await self.store.client.get(HASH_SECRET_KEY)

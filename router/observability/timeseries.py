@@ -2,7 +2,7 @@
 
 Each gateway counts its finished completion requests in memory (`SeriesSampler.observe`, called
 where the completion handler finishes: a few additions, no I/O) and every `interval_s` writes one
-sample of what happened since the last one to the sorted set `specroute:ts` (score: time; member:
+sample of what happened since the last one to the sorted set `{specroute}:ts` (score: time; member:
 JSON), trimmed to `retention_s` and at most `MAX_SAMPLES` members. A sample holds requests per
 domain x pool, errors, completion tokens, a latency histogram (`BUCKETS_MS`) and the decayed mean
 accepted length per domain x pool from the statistics snapshot.
@@ -28,10 +28,11 @@ import orjson
 from router.state.snapshot import REDIS_FAILURES
 from router.state.store import PolicyStore
 from router.tasks import run_every
+from specroute.contracts.feedback import PREFIX
 
 log = logging.getLogger("specroute.gateway.timeseries")
 
-SERIES_KEY = "specroute:ts"
+SERIES_KEY = PREFIX + "ts"
 MAX_SAMPLES = 20_000
 BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
 

@@ -1,4 +1,4 @@
-"""The operator's routing policy: the versioned document stored in Redis (`specroute:policy`), its
+"""The operator's routing policy: the versioned document stored in Redis (`{specroute}:policy`), its
 validation and size caps, the built-in default, warnings and diffs for the admin API, and
 `fallback_order`, where a request goes when its pool cannot serve it. The decision that reads it is
 router/routing/decide.py.
@@ -50,7 +50,7 @@ class Canary(BaseModel):
 
 
 class Policy(BaseModel):
-    """The operator policy document stored in Redis as `specroute:policy`."""
+    """The operator policy document stored in Redis as `{specroute}:policy`."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,7 +1,7 @@
 """Which pool and worker served each conversation, kept in Redis with a TTL, and each pool's observed
 prefill cost per prompt token: the state the conversation rule (router/routing/conversation.py) reads.
 
-- `specroute:conv:<key>`: `{"pool", "worker"}` of the conversation's last turn, expiring `ttl_s` after
+- `{specroute}:conv:<key>`: `{"pool", "worker"}` of the conversation's last turn, expiring `ttl_s` after
   it (every turn renews it). Every gateway reads and writes the same keys, so a conversation keeps
   its worker whichever gateway its turns reach.
 

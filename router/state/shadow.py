@@ -1,7 +1,7 @@
 """The shadow policy: a candidate the operator submitted, stored in Redis beside the live policy, and
 this gateway's tally of how the two compare on live traffic.
 
-- `specroute:policy:shadow`: `{"id", "time", "actor", "note", "policy"}`, the candidate (at most one).
+- `{specroute}:policy:shadow`: `{"id", "time", "actor", "note", "policy"}`, the candidate (at most one).
 - Every submit and discard appends an entry to the policy history (`specroute:policy:versions`, the
   audit log of policy changes) with `action` `shadow:submit` / `shadow:discard`, `shadow: true`, the
   live version it was made against, the candidate and its diff from the live policy. A promote is a

@@ -32,6 +32,7 @@ from router.state.store import EVENTS_CHANNEL, PolicyStore, parse_policy
 from router.tasks import run_every
 from router.workers.pools import PoolManager
 from specroute.contracts.feedback import CellStats
+from specroute.redis_url import migrate_legacy_names
 
 log = logging.getLogger("specroute.gateway")
 
@@ -72,6 +73,10 @@ class SnapshotSync:
         if self.store is None:
             return []
         try:
+            renamed, kept = await migrate_legacy_names(self.store.client)
+            if renamed or kept:
+                log.info("redis: %d keys moved to the {specroute} hash tag; %d left (new name taken): %s",
+                         renamed, len(kept), ", ".join(kept))
             self.apply_policy(await self.store.init(self.snapshot.policy), force=True)
             moved = await migrate_v1(self.store.client)
             if moved:

@@ -1,16 +1,19 @@
 """The one reader of the routing statistics (specroute/contracts/feedback.py), for the gateway's
 snapshot, off the request path.
 
-Bounded: the level index (`specroute:stats:v2:index`, a sorted set by last update) names the recently
+Bounded: the level index (`{specroute}:stats:v2:index`, a sorted set by last update) names the recently
 updated level cells (domains and contexts); at most `cap` of them, the most recent first, plus one
 global cell per pool, are read in two pipelined round trips, with the Redis server time to age them
-to. `migrate_v1` (run once at start) moves the retired per-domain hashes into the one schema.
+to (on a Redis Cluster, whose pipelines take no TIME, the time of the node holding the `{specroute}`
+slot, one more round trip). `migrate_v1` (run once at start) moves the retired per-domain hashes into the one schema.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from specroute.contracts.context import GLOBAL_LEVEL
 from specroute.contracts.feedback import CONTEXT_INDEX, MAX_CONTEXT_CELLS, CellStats, split_member, stats_key
@@ -36,12 +39,16 @@ def domain_cells(cells: Mapping[tuple[str, str], CellStats]) -> Cells:
 async def pull_cells(client: Any, pools: Sequence[str], cap: int = MAX_CONTEXT_CELLS) -> tuple[float, Cells]:
     """The Redis server time, the global cell of each pool in `pools` and the (at most `cap`) most
     recently updated level cells of those pools, not yet aged (`CellStats.decayed_to`)."""
+    cluster = isinstance(client, RedisCluster)   # its pipelines refuse keyless commands such as TIME
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    if not cluster:
+        pipe.time()
     pipe.zrevrange(CONTEXT_INDEX, 0, max(cap, 1) - 1)
     for p in pools:
         pipe.hgetall(stats_key(GLOBAL_LEVEL, p))
     res = await pipe.execute()
+    if cluster:   # the clock of the node that holds the cells (the one the update script read)
+        res = [await client.time(target_nodes=client.get_node_from_key(CONTEXT_INDEX)), *res]
     sec, usec = res[0]
     out: Cells = {(GLOBAL_LEVEL, p): CellStats.from_hash(raw) for p, raw in zip(pools, res[2:], strict=True) if raw}
     wanted = set(pools)

@@ -1,12 +1,15 @@
-"""Policy and statistics in Redis (keys in ARCHITECTURE.md), used only off the request path.
+"""Policy and statistics in Redis (keys in docs/redis-layout.md), used only off the request path.
 
-- `specroute:policy`: the current policy JSON (with `version`).
-- `specroute:policy:versions`: list of history entries `{version, time, actor, action, diff, policy}`.
-- `specroute:policy:shadow`: the shadow policy, if any (router/state/shadow.py; its submit and discard
+- `{specroute}:policy`: the current policy JSON (with `version`).
+- `{specroute}:policy:versions`: list of history entries `{version, time, actor, action, diff, policy}`.
+- `{specroute}:policy:shadow`: the shadow policy, if any (router/state/shadow.py; its submit and discard
   are audited in the history above, as `shadow: true` entries).
-- `specroute:policy:events`: pub/sub channel; every write publishes the new document.
-- `specroute:stats:v2:*`: decayed aggregates written by workers (specroute/contracts/feedback.py), read by
+- `specroute:policy:events`: pub/sub channel (not a key); every write publishes the new document.
+- `{specroute}:stats:v2:*`: decayed aggregates written by workers (specroute/contracts/feedback.py), read by
   router/state/stats.py.
+
+The URL picks one Redis (`redis://`) or a Redis Cluster (`redis+cluster://`, specroute/redis_url.py); the
+keys share the hash tag `{specroute}`, so the compare-and-set script's two keys sit in one slot.
 
 Writes are compare-and-set in one Lua script (version check, SET, history append, PUBLISH), so
 two admins racing cannot both win: the loser gets `VersionConflict` (HTTP 412).
@@ -22,15 +25,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from router.routing.policy import Policy, diff_policies
-from specroute.contracts.feedback import POLICY_KEY, PREFIX
+from specroute.contracts.feedback import LEGACY_PREFIX, POLICY_KEY, PREFIX
+from specroute.redis_url import connect
 
 VERSIONS_KEY = PREFIX + "policy:versions"
-EVENTS_CHANNEL = PREFIX + "policy:events"
+EVENTS_CHANNEL = LEGACY_PREFIX + "policy:events"   # a channel, not a key: a cluster's PUBLISH reaches every node
 MAX_HISTORY = 500
 
 _CAS_LUA = """
@@ -90,7 +93,7 @@ class PolicyStore:
     def __init__(self, url: str, timeout_s: float = 0.5) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        self.client = aredis.Redis.from_url(
+        self.client = connect(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
         )
         self._cas = self.client.register_script(_CAS_LUA)
@@ -98,9 +101,9 @@ class PolicyStore:
     async def close(self) -> None:
         await self.client.aclose()
 
-    def pubsub_client(self) -> aredis.Redis:
+    def pubsub_client(self) -> Any:
         """A separate connection for SUBSCRIBE (blocking reads, no socket read timeout)."""
-        return aredis.Redis.from_url(
+        return connect(
             self.url, socket_timeout=None, socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0),
             health_check_interval=5,
         )

@@ -59,6 +59,7 @@ class Endpoint:
         self.stub: engine_pb2_grpc.EngineStub = None  # type: ignore[assignment]
         self.health_stub: health_pb2_grpc.HealthStub = None  # type: ignore[assignment]
         self.healthy = False
+        self.check_failed = False   # the last health check failed (an outage, not only failed requests)
         self.info: engine_pb2.InfoResponse | None = None
         self.load: engine_pb2.LoadResponse | None = None
         self.inflight = 0
@@ -171,11 +172,19 @@ class Endpoint:
             self.load = load
             if not self.healthy:
                 log.info("endpoint %s/%s is healthy", self.pool, self.address)
+            if self.check_failed:
+                # back from an outage its own health checks saw (a restarted worker): the breaker counted
+                # the outage, which this check ends, so it starts closed rather than letting one half-open
+                # trial through at a time while it may be the only endpoint left. A worker whose requests
+                # fail while its checks pass keeps its breaker.
+                self.breaker.success()
+                self.check_failed = False
             self.healthy = True
         except (grpc.aio.AioRpcError, RuntimeError) as exc:
             if self.healthy:
                 log.warning("endpoint %s/%s failed its health check: %s", self.pool, self.address, exc)
             self.healthy = False
+            self.check_failed = True
             self.last_error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
         self.last_check = time.time()
 

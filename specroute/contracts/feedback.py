@@ -5,26 +5,27 @@ Shared by both sides of the wire: engine workers *write* one record per finished
 *read* the aggregates. This module therefore imports neither torch, FastAPI nor grpc, and neither
 wing (`router/`, `engines/`); `redis` only through the client you pass in.
 
-Redis layout (prefix `specroute:`, see docs/redis-layout.md), one schema:
+Redis layout (prefix `{specroute}:`, a hash tag, so that a Redis Cluster serves every key the update
+script names from one slot; see docs/redis-layout.md), one schema:
 
-- `specroute:feedback`: stream, one entry per finished request, capped with `MAXLEN ~`.
-- `specroute:stats:v2:all:{pool}`: every request of the pool (the global level).
-- `specroute:stats:v2:ctx:{level}:{pool}`: one level of a request's back-off
+- `{specroute}:feedback`: stream, one entry per finished request, capped with `MAXLEN ~`.
+- `{specroute}:stats:v2:all:<pool>`: every request of the pool (the global level).
+- `{specroute}:stats:v2:ctx:<level>:<pool>`: one level of a request's back-off
   (specroute/contracts/context.py `level_keys`): its domain (`code`), coarse context (`d=code|t=0`) and
   full context (`d=code|s=latin|t=0|l=short`); these expire after `max(CONTEXT_MIN_TTL_S, 20
   half-lives)` without an update.
-- `specroute:stats:v2:index`: sorted set of those level cells (`{level}:{pool}`) scored by the server
+- `{specroute}:stats:v2:index`: sorted set of those level cells (`<level>:<pool>`) scored by the server
   time of their last update; entries older than the TTL are removed and it is capped at
   `MAX_CONTEXT_CELLS` (most recent kept), so gateways pull a bounded set of recent cells.
 
 Every stats hash holds exponentially decayed sums of `STAT_FIELDS` plus `t` (server time of the last
 update, seconds). One script call (`update_stats_lua()`) updates every cell of a record atomically:
 on each, all sums are multiplied by `0.5 ** (dt / half_life_s)` and the new record is added. The
-half-life is read from the current policy document (`specroute:policy`, field `half_life_s`);
+half-life is read from the current policy document (`{specroute}:policy`, field `half_life_s`);
 `DEFAULT_HALF_LIFE_S` applies when there is no policy yet. A record's domain outside
 `[A-Za-z0-9_.-]{1,64}` counts as `unknown`; its context updates cells only when valid and of its domain.
-The per-domain hashes of the first layout (`specroute:stats:{domain}:{pool}`) are retired: `migrate_v1`
-moves them into the domain cells.
+The per-domain hashes of the first layout (`{specroute}:stats:<domain>:<pool>`, before the hash tag
+`specroute:stats:<domain>:<pool>`) are retired: `migrate_v1` moves them into the domain cells.
 
 `decay_update` is the pure Python reference of the script for one cell (tests check that both agree)
 and `CellStats.decayed_to` is what readers use to age a snapshot to "now".
@@ -40,7 +41,8 @@ from typing import Any
 from specroute.contracts.context import GLOBAL_LEVEL, context_keys_for, domain_level
 from specroute.contracts.stats import mean_accepted_length
 
-PREFIX = "specroute:"
+PREFIX = "{specroute}:"   # one hash tag: a Redis Cluster keeps every multi-key script's keys in one slot
+LEGACY_PREFIX = "specroute:"   # the names before the hash tag (`specroute.redis_url.migrate_legacy_names`)
 FEEDBACK_STREAM = PREFIX + "feedback"
 POLICY_KEY = PREFIX + "policy"
 DEFAULT_HALF_LIFE_S = 300.0
@@ -52,7 +54,7 @@ CONTEXT_MIN_TTL_S = 3600
 STAT_FIELDS: tuple[str, ...] = ("n", "tokens", "drafted", "accepted", "steps", "decode_ms", "ttft_ms", "wall_ms")
 
 
-V1_STATS = PREFIX + "stats:"   # the retired per-domain hashes, `specroute:stats:{domain}:{pool}`
+V1_STATS = PREFIX + "stats:"   # the retired per-domain hashes, `{specroute}:stats:<domain>:<pool>`
 
 
 def stats_key(level: str, pool: str) -> str:
@@ -296,7 +298,7 @@ def script_args(
 
 
 async def migrate_v1(client: Any, min_ttl_s: int = CONTEXT_MIN_TTL_S) -> int:
-    """Move the retired per-domain hashes (`specroute:stats:{domain}:{pool}`) into the domain cells of
+    """Move the retired per-domain hashes (`{specroute}:stats:<domain>:<pool>`) into the domain cells of
     the one schema (kept where a domain cell already exists) and index them; returns how many moved.
     Idempotent: run by every gateway at start."""
     moved = 0

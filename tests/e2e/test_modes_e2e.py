@@ -90,7 +90,7 @@ def test_each_pool_runs_its_mode_on_the_one_worker(shared: Shared) -> None:
     r = redis.Redis.from_url(shared.redis.url)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        entries = r.xrange("specroute:feedback")
+        entries = r.xrange("{specroute}:feedback")
         seen = {(e[b"pool"].decode(), e[b"engine"].decode()) for _, e in entries}
         if all((m, m) in seen for m in MODES):
             break

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-import redis.asyncio as aredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from specroute.contracts.feedback import FeedbackRecord, make_recorder
+from specroute.redis_url import connect
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
 WORDS = ["Hello", " from", " the", " fake", " engine", ".", " One", " two", " three", " four"]
@@ -57,7 +57,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         self.cancelled = 0
         self.completed = 0
         self.unary_calls = 0  # `Complete` calls (answered or not)
-        self._redis = aredis.Redis.from_url(cfg.redis_url) if cfg.redis_url else None
+        self._redis = connect(cfg.redis_url) if cfg.redis_url else None
         self._record = make_recorder(self._redis) if self._redis is not None else None
 
     async def Info(self, request: engine_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> engine_pb2.InfoResponse:

@@ -100,7 +100,7 @@ async def test_turns_stay_on_their_worker(redis_url: str) -> None:
                 w, how, _ = await turn([{"role": "user", "content": text}], h={"x-conversation-id": "conv-7"})
                 assert (w, how) == (first, "stay")
             # the state is in Redis, with a TTL
-            keys = redis.Redis.from_url(redis_url).keys("specroute:conv:*")
+            keys = redis.Redis.from_url(redis_url).keys("{specroute}:conv:*")
             assert keys and 0 < redis.Redis.from_url(redis_url).ttl(keys[0]) <= 1800
             metrics = (await client.get("/metrics")).text
             assert 'specroute_conversation_routes_total{outcome="same_pool",pool="mtp"}' in metrics

@@ -172,3 +172,31 @@ def test_pools_sharing_workers_balance_on_every_pools_requests() -> None:
     for t in trials:
         busy.release(t)
     assert mtp_on_1.worker.inflight == 0
+
+
+@ASYNC
+async def test_a_worker_back_from_an_outage_starts_with_a_closed_breaker() -> None:
+    """A killed worker: its requests' connection failures open the breaker and its health checks fail;
+    the first check that passes once it is back closes the breaker, so the restarted worker takes every
+    request at once, not one half-open trial at a time. (Failed requests while the checks pass keep the
+    breaker open: tests/router/test_faults.py.)"""
+    worker = await FakeEngine(FakeConfig()).start()
+    e = Endpoint("mtp", worker.address, breaker_failures=2, breaker_cooldown_s=60.0)
+    e.connect()
+    try:
+        await e.check(2.0)
+        assert e.healthy and e.available(time.monotonic())
+        await worker.stop()   # kill -9
+        for _ in range(2):
+            e.record_failure("UNAVAILABLE", connection=True)
+        await e.check(1.0)
+        assert not e.healthy and e.breaker_state == "open"
+        worker = await FakeEngine(FakeConfig(), port=worker.port).start()   # restarted on its port
+        t0 = time.monotonic()
+        while not e.healthy and time.monotonic() - t0 < 10:
+            await e.check(1.0)
+            await asyncio.sleep(0.05)
+        assert e.healthy and e.breaker_state == "closed" and e.available(time.monotonic())
+    finally:
+        await e.close()
+        await worker.stop()

@@ -69,11 +69,11 @@ async def test_admin_refuses_a_secret_another_key_has(redis_url: str) -> None:
                                                                      api_keys=f"team:{KEY}")) as c:
         r = await c.put("/admin/keys/other", json={"secret": KEY}, headers=ADMIN)
         assert r.status_code == 400 and "another key" in r.json()["error"]["message"]
-        stored = redis.Redis.from_url(redis_url).hgetall("specroute:keys")
+        stored = redis.Redis.from_url(redis_url).hgetall("{specroute}:keys")
         assert stored == {}
         r = await c.put("/admin/keys/other", json={"secret": "sk-other-0123456789abcdef"}, headers=ADMIN)
         assert r.status_code == 200
-        entry = redis.Redis.from_url(redis_url).hget("specroute:keys", "other")
+        entry = redis.Redis.from_url(redis_url).hget("{specroute}:keys", "other")
         assert entry is not None and b"secret_hmac" in entry
         assert hashlib.sha256(b"sk-other-0123456789abcdef").hexdigest().encode() not in entry
 

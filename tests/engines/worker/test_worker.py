@@ -156,12 +156,12 @@ def test_deadline_exceeded(ar_worker):
 
 def test_feedback_reaches_redis(ar_worker, redis_srv):
     r = redis.Redis.from_url(redis_srv.url)
-    before = r.xlen("specroute:feedback")
+    before = r.xlen("{specroute}:feedback")
     chunks = collect(ar_worker.stub, chat("2+2?", 5, domain="math", request_id="req-fb"))
     t_end = time.monotonic() + 5
-    while r.xlen("specroute:feedback") == before and time.monotonic() < t_end:
+    while r.xlen("{specroute}:feedback") == before and time.monotonic() < t_end:
         time.sleep(0.05)
-    entry = r.xrevrange("specroute:feedback", count=1)[0][1]
+    entry = r.xrevrange("{specroute}:feedback", count=1)[0][1]
     assert entry[b"pool"] == b"ar-pool" and entry[b"domain"] == b"math" and entry[b"request_id"] == b"req-fb"
     assert int(entry[b"tokens"]) == chunks[-1].completion_tokens
     stats = r.hgetall(stats_key("math", "ar-pool"))
@@ -174,12 +174,12 @@ def test_feedback_carries_the_request_context(ar_worker, redis_srv):
     ctx = "d=math|s=cyrillic|t=0|l=short"
     collect(ar_worker.stub, chat("2+2?", 3, domain="math", context=ctx, request_id="req-ctx"))
     t_end = time.monotonic() + 5
-    while r.zscore("specroute:stats:v2:index", f"{ctx}:ar-pool") is None and time.monotonic() < t_end:
+    while r.zscore("{specroute}:stats:v2:index", f"{ctx}:ar-pool") is None and time.monotonic() < t_end:
         time.sleep(0.05)
-    assert float(r.hget(f"specroute:stats:v2:ctx:{ctx}:ar-pool", "n")) >= 1
-    assert float(r.hget("specroute:stats:v2:ctx:d=math|t=0:ar-pool", "n")) >= 1
-    assert float(r.hget("specroute:stats:v2:all:ar-pool", "n")) >= 1
-    entry = next(e for _, e in r.xrevrange("specroute:feedback", count=10) if e[b"request_id"] == b"req-ctx")
+    assert float(r.hget(f"{{specroute}}:stats:v2:ctx:{ctx}:ar-pool", "n")) >= 1
+    assert float(r.hget("{specroute}:stats:v2:ctx:d=math|t=0:ar-pool", "n")) >= 1
+    assert float(r.hget("{specroute}:stats:v2:all:ar-pool", "n")) >= 1
+    entry = next(e for _, e in r.xrevrange("{specroute}:feedback", count=10) if e[b"request_id"] == b"req-ctx")
     assert entry[b"context"] == ctx.encode()
 
 

@@ -92,7 +92,7 @@ def test_missing_or_untrusted_context_updates_domain_and_global_only(client: red
     assert cell(client, stats_key("code", "dfly")).n == 1.0
     assert cell(client, stats_key(GLOBAL_LEVEL, "dfly")).n == 1.0
     assert [m.decode() for m in client.zrange(CONTEXT_INDEX, 0, -1)] == ["code:dfly"]
-    assert sorted(k.decode() for k in client.keys("specroute:stats:*") if k != CONTEXT_INDEX.encode()) == sorted(
+    assert sorted(k.decode() for k in client.keys("{specroute}:stats:*") if k != CONTEXT_INDEX.encode()) == sorted(
         [stats_key("code", "dfly"), stats_key(GLOBAL_LEVEL, "dfly")])
 
 
@@ -140,11 +140,11 @@ def test_gateway_pull_reads_global_and_recent_context_cells(redis_srv: RedisServ
 def test_retired_per_domain_cells_move_into_the_one_schema(redis_srv: RedisServer, client: redis.Redis) -> None:
     old = {"n": "3", "tokens": "30", "drafted": "12", "accepted": "6", "steps": "6", "decode_ms": "60",
            "ttft_ms": "9", "wall_ms": "69", "t": "1700000000.5"}
-    client.hset("specroute:stats:math:mtp", mapping=old)
-    client.hset("specroute:stats:bad name:mtp", mapping=old)   # not a domain name: becomes `unknown`
+    client.hset("{specroute}:stats:math:mtp", mapping=old)
+    client.hset("{specroute}:stats:bad name:mtp", mapping=old)   # not a domain name: becomes `unknown`
     make_recorder(client)(rec(context=""))                     # a live domain cell is kept as it is
 
-    client.hset("specroute:stats:code:dfly", mapping=old)
+    client.hset("{specroute}:stats:code:dfly", mapping=old)
 
     async def migrate() -> int:
         import redis.asyncio as aredis
@@ -160,5 +160,5 @@ def test_retired_per_domain_cells_move_into_the_one_schema(redis_srv: RedisServe
     assert cell(client, stats_key("math", "mtp")) == CellStats.from_hash(old)
     assert cell(client, stats_key("unknown", "mtp")).n == 3.0
     assert cell(client, stats_key("code", "dfly")).n == 1.0
-    assert not [k for k in client.keys("specroute:stats:*") if not k.startswith(b"specroute:stats:v2:")]
+    assert not [k for k in client.keys("{specroute}:stats:*") if not k.startswith(b"{specroute}:stats:v2:")]
     assert {"math:mtp", "unknown:mtp"} <= {m.decode() for m in client.zrange(CONTEXT_INDEX, 0, -1)}
