@@ -30,6 +30,7 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.enable_retries", 0),  # the dispatcher retries itself; core retries cost every call CPU
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
