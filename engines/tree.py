@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from engines.model import ForwardOut, KVCache, Transformer, rope_cos_sin
 from engines.logprobs import record as record_logprobs
+from engines.model import ForwardOut, KVCache, Transformer, rope_cos_sin
 from engines.sampling import logits_to_probs, sample, seeded_scores
 
 if TYPE_CHECKING:
