@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
 
-from router.api import admin, health, keys_admin, openai, series
+from router.api import admin, health, keys_admin, openai, responses, series
 from router.api.completions import serve
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
@@ -95,6 +95,7 @@ def create_app(
     app.gateway = gateway
     install_handlers(app)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(health.router)
     if settings.admin_enabled:
         app.include_router(admin.router)

@@ -31,6 +31,7 @@ from router.routing.estimate import PoolState
 from router.routing.fallbacks import policy_fallback
 from router.routing.policy import Policy, default_policy, fallback_order
 from router.settings import Settings
+from router.state.responses import ResponseStore
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
 from router.tasks import stop_tasks
@@ -72,6 +73,8 @@ class Gateway:
             affinity_slack=settings.affinity_slack,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
+        # `/v1/responses`' stored responses (router/api/responses.py), in Redis when there is one
+        self.responses = ResponseStore(self.store.client if self.store else None, settings.responses_ttl_s)
         self.sync = SnapshotSync(default_policy(self.pools.names), self.store, self.pools, self.metrics,
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)
