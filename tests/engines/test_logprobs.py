@@ -2,7 +2,8 @@
 the raw target's at T=0, and the same for a token whether it was an accepted draft, a correction or
 a plain step's: AR, an oracle chain drafter, the real MTP and DFly drafters (random weights, narrowed
 draft vocabulary so drafts are accepted and rejected), a tree drafter (EAGLE-3, whose random drafts are rejected), with full and with
-random per-row verification depth (what D-Cut's keep does), on a tiny random target. Cost: ~5 s."""
+random per-row verification depth (what D-Cut's keep does), and through the batcher under a real D-Cut
+controller, on a tiny random target. Cost: ~12 s."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from engines.dcut.controller import DcutController
+from engines.dcut.cost import CostTable
 from engines.generate import ar_generate
 from engines.logprobs import FLOOR, TokenLogprob, processed_logprobs, take, token_logprobs
+from engines.requests import GenRequest
 from engines.sampling import SamplingParams, logits_to_probs
 from engines.spec import SpecDecoder
+from tests.engines.test_batcher import EOS, make_drafter, run_batch
 from tests.engines.test_spec import CharTok, make_target, oracle_decoder, prompts
 
 N = 20
@@ -114,3 +119,22 @@ def test_rows_without_logprobs_queue_nothing_and_batched_rows_get_their_own():
     rows = dec.verify([0, 1], dec.draft([0, 1], 4), [4, 2])
     assert dec.slots[0].logprobs == []
     assert [t.token_id for t in dec.slots[1].logprobs][1:] == rows[1]
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_batched_requests_under_dcut_get_the_ar_logprobs_of_their_tokens(kind):
+    """Through the batcher (stop handling, EOS left out) with a real D-Cut controller (a synthetic cost
+    table: it verifies a chosen prefix of each row's drafts), against the AR batcher's."""
+    target = make_target(0, eos_token_id=EOS)
+    ps = prompts(6, seed=9)
+    reqs = [GenRequest(p, GREEDY_LP if i % 2 else SEEDED_LP, max_tokens=12, request_id=str(i)) for i, p in enumerate(ps)]
+    _, ar = run_batch(target, None, reqs)
+    drafter = make_drafter(kind, target)
+    dcut = DcutController(CostTable.linear(drafter.max_draft, base_ms=1.0, per_token_ms=0.5), drafter.max_draft)
+    b, spec = run_batch(target, drafter, reqs, dcut=dcut)
+    assert b.draft_steps > 0
+    for got, ref in zip(spec, ar, strict=True):
+        ids = [t for e in ref.events for t in e.token_ids if t != EOS]
+        lps = [lp for e in ref.events for lp in e.logprobs or ()]
+        assert [lp.token_id for lp in lps] == ids and len(ids) > 0
+        _same((ids, [lp for e in got.events for lp in e.logprobs or ()]), (ids, lps), kind)
