@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from router.api import admin, health, keys_admin, openai, responses, series
 from router.api.completions import serve
+from router.api.responses_wire import ResponsesRequest
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
 from router.http.asgi import send_response
@@ -108,7 +109,7 @@ def create_app(
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (ChatCompletionRequest, CompletionRequest):
+        for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js

@@ -39,7 +39,11 @@ log = logging.getLogger("specroute.gateway.responses")
 router = APIRouter(tags=["openai"])
 
 
-@router.post("/v1/responses")
+_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/ResponsesRequest"}}}}}
+
+
+@router.post("/v1/responses", openapi_extra=_BODY)
 async def create_response(request: Request) -> Response:
     """OpenAI Responses (text in and out; streaming with `stream: true`; `previous_response_id`)."""
     return ResponsesEndpoint(gateway_of(request))

@@ -57,6 +57,7 @@ class ResponsesRequest(BaseModel):
                 raise APIError(400, f"unsupported or unrecognized parameter: {name}", param=name,
                                code="unsupported_parameter")
         fmt = (self.text or {}).get("format") or {"type": "text"}
+        fmt = fmt if isinstance(fmt, dict) else {"type": fmt}
         refused = [
             ("tools", bool(self.tools), "tools are not supported on /v1/responses"),
             ("tool_choice", self.tool_choice not in (None, "auto", "none"), "tool_choice needs tools"),

@@ -89,6 +89,13 @@ async def test_unsupported_and_bad_requests_are_refused_by_name(redis_url: str) 
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         r = await client.post("/v1/responses", json={"model": "fake-model"})
         assert r.status_code == 400
+        for bad in ({"text": "x"}, {"text": {"format": "x"}}, {"input": [1]}, {"input": []}, {"input": [{"role": "user"}]},
+                    {"input": [{"role": "user", "content": 5}]}, {"input": [{"role": "bot", "content": "x"}]},
+                    {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+                    {"tools": "x"}, {"metadata": {"a": 1}}, {"input": "a\u0000b"}, {"previous_response_id": "x"},
+                    {"max_output_tokens": 0}, {"stream": [1]}, {"tool_choice": "required"}):
+            r = await client.post("/v1/responses", json={**BASE, **bad})
+            assert r.status_code == 400 and set(r.json()["error"]) >= {"message", "param", "code"}, (bad, r.text)
 
 
 def test_local_store_expires_and_drops_the_oldest() -> None:
