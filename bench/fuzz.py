@@ -147,6 +147,7 @@ def main(argv: list[str]) -> int:
                                                         "messages": [{"role": "user", "content": "hello"}]}),
                       ("POST", "/v1/completions", {"model": "fake-model", "prompt": "hello", "max_tokens": 4,
                                                    "stream": True}),
+                      ("POST", "/v1/responses", {"model": "fake-model", "input": "hello", "max_output_tokens": 4}),
                       ("PUT", "/admin/policy", policy), ("POST", "/admin/policy/validate", policy),
                       ("POST", "/admin/policy/rollback", {"version": 1, "note": "fuzz"}),
                       ("PUT", "/admin/keys/fuzz-key", {"secret": "sk-fuzz-0123456789abcdef", "rpm": 5})]

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.dcut.controller import DcutController
+from engines.logprobs import TokenLogprob
+from engines.logprobs import take as take_logprobs
 from engines.requests import (
     BatcherConfig,
     BatcherObserver,
@@ -340,6 +342,7 @@ class Batcher:
         """Push tokens through the request's StopState and send the delta. False when finished."""
         text, used = a.stop.push_many(tokens)
         ids = tokens[:used]
+        lps = self._logprobs(a, len(tokens), used)
         a.emitted += used
         now = time.perf_counter()
         self._recent.append((now, used))
@@ -347,14 +350,22 @@ class Batcher:
             self._recent.popleft()
         self.observer.on_tokens(used)
         if a.stop.done:
-            self._finish(a, a.stop.finish_reason, ids=ids, text=text)
+            self._finish(a, a.stop.finish_reason, ids=ids, text=text, logprobs=lps)
             return False
         if ids or text:
-            self._send(a, Event(ids, text, now))
+            self._send(a, Event(ids, text, now, logprobs=lps))
         return True
 
+    def _logprobs(self, a: _Active, emitted: int, used: int) -> list[TokenLogprob] | None:
+        """The logprobs of the first `used` of the `emitted` tokens the slot just emitted, end-of-sequence
+        tokens left out (they are no text); None when the request did not ask for them."""
+        st = self.decoder.slots.get(a.slot) if a.req.params.logprobs is not None else None
+        if st is None:
+            return None
+        return [lp for lp in take_logprobs(st.logprobs, emitted)[:used] if lp.token_id not in self.eos_ids]
+
     def _finish(self, a: _Active, reason: str, ids: list[int] | None = None, text: str = "",
-                error: str = "") -> None:
+                error: str = "", logprobs: list[TokenLogprob] | None = None) -> None:
         now = time.perf_counter()
         stats = RequestStats(prompt_tokens=len(a.req.prompt_ids), completion_tokens=a.emitted,
                              ttft_s=(a.t_first - a.handle.submitted) if a.t_first else 0.0,
@@ -368,7 +379,7 @@ class Batcher:
             self._free.sort()
             a.slot = -1
         self.observer.on_finish(a.handle, stats, reason)
-        self._send(a, Event(ids or [], text, now, reason, stats, error))
+        self._send(a, Event(ids or [], text, now, reason, stats, error, logprobs))
 
     def _send(self, a: _Active, ev: Event) -> None:
         try:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from engines.logprobs import TokenLogprob
 from engines.sampling import SamplingParams
 from specroute.contracts.stats import AcceptanceStats
 
@@ -76,6 +77,8 @@ class Event:
     finish_reason: str = ""
     stats: RequestStats | None = None
     error: str = ""
+    # the logprobs of `token_ids` other than end-of-sequence ones, in order (the request asked for them)
+    logprobs: list[TokenLogprob] | None = None
 
 
 Sink = Callable[[Event], None]

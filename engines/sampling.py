@@ -25,6 +25,7 @@ class SamplingParams:
     temperature: float = 0.0   # 0 = greedy
     top_p: float = 1.0         # 1 = disabled
     seed: int | None = None
+    logprobs: int | None = None   # report emitted tokens' logprobs with this many top tokens (None: off)
 
     @property
     def greedy(self) -> bool:
@@ -35,6 +36,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"top logprobs must be in [0, 20], got {self.logprobs}")
 
 
 RowParam = float | Tensor   # one temperature (top-p) for every row, or one per row: [...] = logits' leading dims

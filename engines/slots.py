@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from engines.drafters.base import Drafter
+from engines.logprobs import TokenLogprob
 from engines.sampling import SamplingParams
 from specroute.contracts.context import temperature_bucket
 from specroute.contracts.stats import AcceptanceStats
@@ -59,6 +60,7 @@ class SlotState:
     records: dict[int, tuple[int, int]] = field(default_factory=dict)   # id(drafter) -> (steps, tokens) it drafted
     last_drafter: Drafter | None = None     # who drafted the row's proposal being verified
     bucket: str = ""                # temperature bucket ("0", "low", "high"); "" = from `params` once
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # emitted, not yet taken (params.logprobs set)
 
     def __post_init__(self) -> None:
         if not self.bucket:

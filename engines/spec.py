@@ -36,6 +36,7 @@ from torch import Tensor
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import next_token
+from engines.logprobs import record as record_logprobs
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts, steady_context
 from engines.sampling import SamplingParams, logits_to_probs, make_generator, seeded_scores
@@ -160,6 +161,7 @@ class SpecDecoder:
             logits = self.target.logits(out.hidden[0, -1])           # [V]
             y0 = next_token(logits, st.params, st.generator, b)
             st.y0 = y0
+            record_logprobs(st.logprobs, logits[None], [y0], st.params)
         if st.drafters:
             nxt = st.prompt[a + 1:b + 1] + ([y0] if y0 is not None else [])
             st.feed(self._features([st], out), 0, b - a, a, nxt)
@@ -190,7 +192,9 @@ class SpecDecoder:
             st, n = self.slots[s], len(p)
             self.cache.lengths[s] = n
             st.prefilled = n
-            st.y0 = next_token(self.target.logits(out.hidden[b, n - 1]), st.params, st.generator, n)
+            logits = self.target.logits(out.hidden[b, n - 1])
+            st.y0 = next_token(logits, st.params, st.generator, n)
+            record_logprobs(st.logprobs, logits[None], [st.y0], st.params)
             st.feed(feats, b, n, 0, list(p[1:]) + [st.y0])
             firsts.append(st.y0)
         return firsts
@@ -372,6 +376,7 @@ class SpecDecoder:
         for b, (s, st) in enumerate(zip(slots, states, strict=True)):
             a, n = int(num_acc[b]), int(starts[b])
             row = drafts[b, :a].tolist() + [int(nxt[b])]
+            record_logprobs(st.logprobs, logits[b], row, st.params)   # row[j] was sampled at position n + j
             self.cache.lengths[s] = n + a + 1                        # y0 and the accepted drafts
             st.feed(feats, b, a + 1, n, row)
             if kept[b] > 0 and st.last_drafter is not None:   # what this drafter emits for this row

@@ -165,6 +165,39 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return self.encode(self.format_chat(messages, add_generation_prompt=True))
 
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        """One token's text and its bytes (OpenAI's logprob `token` and `bytes`). A byte-level BPE token
+        may hold part of a UTF-8 character: its bytes are the raw ones, its text their lossy decoding."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            raw = self.inner.id_to_token(token_id) or ""
+            if raw and all(c in _BYTE_OF for c in raw) and token_id not in self.special_ids():
+                data = bytes(_BYTE_OF[c] for c in raw)
+            else:
+                data = self.decode([token_id]).encode("utf-8")
+            piece = self._pieces[token_id] = (data.decode("utf-8", errors="replace"), data)
+        return piece
+
+    @cached_property
+    def _pieces(self) -> dict[int, tuple[str, bytes]]:
+        return {}
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character of each byte (GPT-2's table), inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
+
 
 def save_tokenizer_config(out_dir: str | Path) -> None:
     (Path(out_dir) / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")

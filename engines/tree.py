@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from engines.logprobs import record as record_logprobs
 from engines.model import ForwardOut, KVCache, Transformer, rope_cos_sin
 from engines.sampling import logits_to_probs, sample, seeded_scores
 
@@ -160,6 +161,7 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
             dec.cache.v[layer, s, n:n + a + 1] = v[b, idx].to(dec.cache.v.dtype)
         dec.cache.lengths[s] = n + a + 1
         row = tokens[b, idx[1:]].tolist() + [int(nxt[b])]
+        record_logprobs(st.logprobs, logits[b, idx], row, st.params)   # node path[j]'s logits sampled row[j]
         if feats is not None:
             st.pending_for(dec.drafter).append(feats[b, idx], n, row)
         st.y0 = row[-1]

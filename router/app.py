@@ -13,8 +13,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Receive, Scope, Send
 
-from router.api import admin, health, keys_admin, openai, series, shadow_admin
+from router.api import admin, health, keys_admin, openai, responses, series, shadow_admin
 from router.api.completions import serve
+from router.api.responses_wire import ResponsesRequest
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
 from router.gateway import Gateway
 from router.http.asgi import send_response
@@ -95,6 +96,7 @@ def create_app(
     app.gateway = gateway
     install_handlers(app)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(health.router)
     if settings.admin_enabled:
         app.include_router(admin.router)
@@ -108,7 +110,7 @@ def create_app(
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (ChatCompletionRequest, CompletionRequest):
+        for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(js.pop("$defs", {}))
             comps[model.__name__] = js

@@ -36,6 +36,7 @@ from router.routing.policy import Policy, default_policy, fallback_order
 from router.routing.shadow import Comparison, compare, predicted_goodput
 from router.settings import Settings
 from router.state.conversations import Conversations
+from router.state.responses import ResponseStore
 from router.state.shadow import ShadowTally
 from router.state.snapshot import Snapshot, SnapshotSync
 from router.state.store import PolicyStore, StoreNotConfigured, StoreUnavailable
@@ -95,6 +96,8 @@ class Gateway:
             affinity_slack=settings.affinity_slack,
         )
         self.store = PolicyStore(settings.redis_url, settings.redis_timeout_s) if settings.redis_url else None
+        # `/v1/responses`' stored responses (router/api/responses.py), in Redis when there is one
+        self.responses = ResponseStore(self.store.client if self.store else None, settings.responses_ttl_s)
         self.sync = SnapshotSync(default_policy(self.pools.names), self.store, self.pools, self.metrics,
                                  settings.stats_interval_s)
         self.classifier = Classifier(self.metrics, classify)

@@ -230,6 +230,8 @@ class Settings(BaseSettings):
     # the dashboard's charts (router/observability/timeseries.py): one sample per gateway per interval, in Redis
     timeseries_interval_s: float = Field(default=5.0, gt=0)
     timeseries_retention_s: float = Field(default=3600.0, gt=0)
+    # how long `/v1/responses` keeps a stored response (for `previous_response_id`), s
+    responses_ttl_s: float = Field(default=3600.0, gt=0)
     seed: int | None = Field(default=None, description="seed of the routing RNG (tests)")
     log_level: str = "info"
 

@@ -168,6 +168,11 @@ class LocalBackend:
         self.batcher.decoder.compute_bound_tokens = self.info.compute_bound_tokens
         self.batcher.start()
 
+    supports_logprobs = True   # GenerateRequest.logprobs: computed by the decoder (engines/logprobs.py)
+
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        return self.tokenizer.token_piece(token_id)
+
     def tokenize(self, messages: Sequence[dict] | None, prompt: str) -> list[int]:
         if messages:
             return self.tokenizer.encode_chat(list(messages))

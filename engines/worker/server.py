@@ -21,13 +21,15 @@ import math
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 import specroute
 from engines.errors import EngineError, check_room
+from engines.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from engines.requests import Closed, Event, GenRequest, Handle, QueueFull
 from engines.sampling import SamplingParams
 from specroute.contracts.context import temperature_bucket
@@ -80,6 +82,12 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     if not messages and not r.prompt:
         raise InvalidRequest("empty prompt")
     params = sampling_from_pb(r.sampling)
+    if r.logprobs:
+        if not getattr(backend, "supports_logprobs", False):
+            raise InvalidRequest(f"logprobs are not supported by this worker (engine {backend.info.engine})")
+        if not 0 <= r.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {r.top_logprobs}")
+        params = replace(params, logprobs=r.top_logprobs)
     if r.max_tokens < 0:
         raise InvalidRequest(f"max_tokens must be positive, got {r.max_tokens}")
     if len(r.stop) > 16 or any(len(s) > 256 for s in r.stop) or any(not s for s in r.stop):
@@ -121,13 +129,30 @@ def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:
     return evs
 
 
-def chunk_of(evs: list[Event]) -> pb.GenerateChunk:
-    """One chunk with the deltas of `evs` (their text and token ids, in order)."""
+Piece = Callable[[int], tuple[str, bytes]]   # a token id's text and bytes (the backend's tokenizer)
+
+
+def chunk_of(evs: list[Event], piece: Piece | None = None) -> pb.GenerateChunk:
+    """One chunk with the deltas of `evs` (their text, token ids and logprobs, in order)."""
     if len(evs) == 1:
         ev = evs[0]
-        return pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
-    ids = [t for ev in evs for t in ev.token_ids]
-    return pb.GenerateChunk(text="".join(ev.text for ev in evs), num_tokens=len(ids), token_ids=ids)
+        chunk = pb.GenerateChunk(text=ev.text, num_tokens=len(ev.token_ids), token_ids=ev.token_ids)
+    else:
+        ids = [t for ev in evs for t in ev.token_ids]
+        chunk = pb.GenerateChunk(text="".join(ev.text for ev in evs), num_tokens=len(ids), token_ids=ids)
+    if piece is not None:
+        chunk.logprobs.extend(logprob_pb(lp, piece) for ev in evs for lp in ev.logprobs or ())
+    return chunk
+
+
+def logprob_pb(lp: TokenLogprob, piece: Piece) -> pb.TokenLogprob:
+    """An emitted token's logprob on the wire, with its text and bytes and those of its top tokens."""
+    def one(token_id: int, logprob: float) -> pb.TokenLogprob:
+        text, data = piece(token_id)
+        return pb.TokenLogprob(token_id=token_id, token=text, token_bytes=data, logprob=logprob)
+    out = one(lp.token_id, lp.logprob)
+    out.top.extend(one(t, v) for t, v in lp.top)
+    return out
 
 
 def stats_pb(ev: Event) -> pb.SpecStats:
@@ -145,6 +170,7 @@ class EngineService(pb_grpc.EngineServicer):
         self.settings = settings
         self.metrics = metrics
         self.feedback = feedback
+        self.piece: Piece | None = getattr(backend, "token_piece", None)
 
     async def _start(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                      ) -> tuple[GenRequest, asyncio.Queue[Event], Handle]:
@@ -195,7 +221,7 @@ class EngineService(pb_grpc.EngineServicer):
             finished = True
             if ev.finish_reason in ABORT_CODES:
                 await self._abort(req, ev, context)
-            chunk = chunk_of(evs)
+            chunk = chunk_of(evs, self.piece)
             self._finish(chunk, req, ev, context)
             if ev.stats is not None:
                 chunk.ttft_ms = ev.stats.ttft_s * 1000.0
@@ -247,7 +273,7 @@ class EngineService(pb_grpc.EngineServicer):
                 if ev.finish_reason in ABORT_CODES:
                     finished = True
                     if len(evs) > 1 and (first or not coalesce):  # the deltas before it still go out
-                        chunk = chunk_of(evs[:-1])
+                        chunk = chunk_of(evs[:-1], self.piece)
                         if first:
                             chunk.prompt_tokens = len(req.prompt_ids)
                         yield chunk
@@ -257,7 +283,7 @@ class EngineService(pb_grpc.EngineServicer):
                     if not ev.finish_reason:
                         continue
                     evs = held
-                chunk = chunk_of(evs)
+                chunk = chunk_of(evs, self.piece)
                 if first:
                     chunk.prompt_tokens = len(req.prompt_ids)
                     first = False

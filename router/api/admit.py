@@ -82,8 +82,8 @@ def client_key(g: Gateway, headers: Headers) -> ApiKey | None:
 
 def reserve_tokens(req: Admitted, context_tokens: int) -> int:
     """The tokens a request may cost, reserved against its key's tpm at admission: the prompt's
-    estimate (a token per 4 bytes) plus `max_tokens` (unset: the largest context)."""
-    return (req.prompt_bytes + 3) // 4 + (req.body.effective_max_tokens() or context_tokens)
+    estimate (a token per 4 bytes) plus `max_tokens` (unset: the largest context) for each choice."""
+    return (req.prompt_bytes + 3) // 4 + (req.body.effective_max_tokens() or context_tokens) * req.body.choices()
 
 
 async def within_limits(g: Gateway, req: Admitted, context_tokens: int) -> Verdict:

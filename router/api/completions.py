@@ -7,7 +7,8 @@ routes (router/api/openai.py) run the same handler through `ASGIEndpoint`.
 - admit (router/api/admit.py): request id, key, rate limit, body, checks -> `Admitted`;
 - route: classify, `decide` (router/routing/decide.py), the key's domains, what fits the pool;
 - open: the worker call along the policy's fallback order (router/workers/upstream.py): the unary
-  `Complete` for a non-streaming request, the `Generate` stream otherwise;
+  `Complete` for a non-streaming request, the `Generate` stream otherwise; one call per choice for
+  `n > 1` (router/api/choices.py);
 - respond: the JSON body, or the SSE events (router/api/openai_wire.py builds every byte).
 
 Every outcome is an OpenAI response: the completion, an OpenAI error with its status, or nothing
@@ -21,15 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 import orjson
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router.api.accounting import account
-from router.api.admit import Admitted, Headers, admit, check_prompt_size, client_key, within_limits
+from router.api.admit import Headers, admit, check_prompt_size, client_key, within_limits
+from router.api.choices import ChoiceFailed, collect_all, combined, merged, open_all
+from router.api.exchange import Exchange, Served, account
+from router.api.logprobs import logprobs_object, text_length
 from router.api.openai_wire import (
     SSE_HEADERS,
     Api,
@@ -45,7 +47,7 @@ from router.api.openai_wire import (
     sse,
 )
 from router.api.turns import conversation_header, remember_turn, turn_of
-from router.gateway import Gateway, Turn
+from router.gateway import Gateway
 from router.http.asgi import (
     JSON_CONTENT_TYPE,
     ClientDisconnected,
@@ -57,7 +59,6 @@ from router.http.asgi import (
 )
 from router.http.errors import APIError, from_grpc, from_upstream
 from router.http.request_id import request_id
-from router.keys.ratelimit import ADMITTED
 from router.observability.tracing import RequestTrace
 from router.routing.conversation import worker_id
 from router.routing.decide import Decision
@@ -66,37 +67,6 @@ from router.workers.upstream import Upstream, UpstreamError
 log = logging.getLogger("specroute.gateway.api")
 
 _SHUTTING_DOWN = APIError(503, "the gateway is shutting down; retry the request", code="shutting_down")
-
-
-@dataclass(slots=True)
-class Served:
-    """What the worker gave a request, for the logs and counts."""
-
-    pool: str
-    reason: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    mal: float | None = None
-
-
-class Exchange:
-    """One request as far as it got: filled step by step, read once at the end."""
-
-    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "reservation", "decision", "served", "status",
-                 "turn", "conversation", "shadow_pool")
-
-    def __init__(self, api: Api, t0: float, trace: RequestTrace | None) -> None:
-        self.api, self.t0, self.trace = api, t0, trace
-        self.rid: str | None = None
-        self.key = None
-        self.request: Admitted | None = None
-        self.reservation = ADMITTED  # the key's tokens reserved at admission (none yet)
-        self.decision: Decision | None = None
-        self.served: Served | None = None
-        self.status = 0
-        self.turn: Turn | None = None          # the conversation it continues, served before
-        self.conversation = b""                # x-specroute-conversation: new, stay or switch ("": none)
-        self.shadow_pool: str | None = None    # the shadow policy's pool (not served)
 
 
 class Conn:
@@ -171,11 +141,11 @@ async def _complete(g: Gateway, ex: Exchange, conn: Conn) -> _Reply | None:
     d = route(g, ex)
     guard = DisconnectGuard(conn.receive)
     try:
-        up = await _open(g, ex)
+        ups = await _open(g, ex)
         if req.stream:
-            await _stream(g, ex, up, conn, guard)
+            await _stream(g, ex, ups, conn, guard)
             return _STREAMED
-        return await _whole(g, ex, up, d)
+        return await _whole(g, ex, ups, d)
     except asyncio.CancelledError:
         if guard.caused_cancel():
             return None
@@ -220,15 +190,18 @@ def route(g: Gateway, ex: Exchange) -> Decision:
     return d
 
 
-async def _open(g: Gateway, ex: Exchange) -> Upstream:
+async def _open(g: Gateway, ex: Exchange) -> list[Upstream]:
+    """The worker call of each choice (one unless `n > 1`)."""
     req, d = ex.request, ex.decision
     assert req is not None and d is not None and d.pool is not None
     metadata = ex.trace.upstream(time.time_ns(), d.pool) if ex.trace is not None else None
     prefer = ex.turn.sticky.worker if ex.turn is not None and ex.turn.sticky.pool == d.pool else None
+    deadline = time.monotonic() + g.settings.request_timeout_s
+    opens = [g.open(d, generate_request(req.body, req.rid, d, i), batch=req.context.batch, deadline=deadline,
+                    allowed=req.pools, metadata=metadata, unary=not req.stream, prefer=prefer)
+             for i in range(req.body.choices())]
     try:
-        return await g.open(d, generate_request(req.body, req.rid, d), batch=req.context.batch,
-                            deadline=time.monotonic() + g.settings.request_timeout_s, allowed=req.pools,
-                            metadata=metadata, unary=not req.stream, prefer=prefer)
+        return [await opens[0]] if len(opens) == 1 else await open_all(opens)
     except UpstreamError as exc:
         err = from_upstream(exc)
         if err.code == "context_length_exceeded" and err.param is None:
@@ -241,42 +214,61 @@ async def _open(g: Gateway, ex: Exchange) -> Upstream:
         raise
 
 
-async def _whole(g: Gateway, ex: Exchange, up: Upstream, d: Decision) -> _Reply:
+async def _whole(g: Gateway, ex: Exchange, ups: list[Upstream], d: Decision) -> _Reply:
     """The non-streaming answer: collect the worker's chunks (one, from `Complete`) into the JSON body."""
     req = ex.request
     assert req is not None
+    up = ups[0]
     g.metrics.ttft_by(up.pool).observe(up.ttft_s)
-    col = Collected(up.ttft_s)
+    cols = [Collected(u.ttft_s) for u in ups]
     try:
-        async for chunk in up.chunks():
-            col.add(chunk)
-        finish = finish_reason(col.finish)
+        try:
+            if len(ups) == 1:
+                async for chunk in up.chunks():
+                    cols[0].add(chunk)
+            else:
+                await collect_all(ups, cols)
+        except ChoiceFailed as f:
+            up = ups[f.index]
+            raise f.error from None
+        finishes = [finish_reason(c.finish) for c in cols]
     except asyncio.CancelledError:
-        up.close(False)
+        _close(ups, False)
         g.metrics.requests_by(d.domain, up.pool, "499").inc()
         raise
     except grpc.aio.AioRpcError as exc:
-        up.close(False)
+        _close(ups, False)
         err = _worker_error(up, exc)
         g.metrics.requests_by(d.domain, up.pool, str(err.status)).inc()
         raise err from None
     except APIError:
-        up.close(False)
+        _close(ups, False)
         raise
-    up.close(True)
-    overhead = max(0.0, time.perf_counter() - ex.t0 - up.worker_s)
+    _close(ups, True)
+    up, col = ups[0], combined(cols)
+    overhead = max(0.0, time.perf_counter() - ex.t0 - max(u.worker_s for u in ups))
     g.metrics.overhead_seconds.observe(overhead)
     _served(g, ex, up, col, 200)
     out = Completion(req.api, req.rid, int(time.time()), req.body.model)
+    lp = req.body.top_logprobs_wanted() is not None
+    choices = [out.choice("".join(c.text), f, stream=False, index=i,
+                          logprobs=logprobs_object(req.api, c.logprobs) if lp else None)
+               for i, (c, f) in enumerate(zip(cols, finishes, strict=True))]
     return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead, up.endpoint.address)],
-                  out.json("".join(col.text), finish, col.usage(), spec_object(d, up.pool, col)))
+                  out.json("", "", col.usage(), spec_object(d, up.pool, col), choices=choices))
 
 
-async def _stream(g: Gateway, ex: Exchange, up: Upstream, conn: Conn, guard: DisconnectGuard) -> None:
+def _close(ups: list[Upstream], ok: bool) -> None:
+    for u in ups:
+        u.close(ok)
+
+
+async def _stream(g: Gateway, ex: Exchange, ups: list[Upstream], conn: Conn, guard: DisconnectGuard) -> None:
     """Send the SSE events of one streamed completion (all but the body's terminator). Every way it
     can end is seen by the client: `[DONE]`, or an OpenAI error event (the worker failed, or the
     gateway is stopping), or nothing because the client itself went away."""
     pre_s = time.perf_counter() - ex.t0
+    up = ups[0]
     g.metrics.ttft_by(up.pool).observe(up.ttft_s)
     g.metrics.overhead_seconds.observe(pre_s)
     cork = conn.cork
@@ -284,10 +276,14 @@ async def _stream(g: Gateway, ex: Exchange, up: Upstream, conn: Conn, guard: Dis
         cork.cork()
     await conn.send({"type": "http.response.start", "status": 200,
                      "headers": [*SSE_HEADERS, *_headers(g, ex, up.pool, pre_s, up.endpoint.address)]})
-    col = Collected(up.ttft_s)
+    cols = [Collected(u.ttft_s) for u in ups]
     status, ok = 500, False
     try:
-        await _events(g, ex, up, col, conn)
+        try:
+            await _events(g, ex, ups, cols, conn)
+        except ChoiceFailed as f:
+            up = ups[f.index]
+            raise f.error from None
         status, ok = 200, True
     except grpc.aio.AioRpcError as exc:
         err = _worker_error(up, exc)
@@ -310,29 +306,38 @@ async def _stream(g: Gateway, ex: Exchange, up: Upstream, conn: Conn, guard: Dis
         status = 499
         raise
     finally:
-        up.close(ok)
-        _served(g, ex, up, col, status)
+        _close(ups, ok)
+        _served(g, ex, ups[0], combined(cols), status)
 
 
-async def _events(g: Gateway, ex: Exchange, up: Upstream, col: Collected, conn: Conn) -> None:
-    """The role event, one event per worker chunk, then the finishing events."""
+async def _events(g: Gateway, ex: Exchange, ups: list[Upstream], cols: list[Collected], conn: Conn) -> None:
+    """The role event, one event per worker chunk (of each choice: n > 1), then the finishing events."""
     req, d = ex.request, ex.decision
     assert req is not None and d is not None
     opts = req.body.stream_options
     out = Completion(req.api, req.rid, int(time.time()), req.body.model, bool(opts and opts.include_usage))
-    cork = conn.cork
+    cork, up = conn.cork, ups[0]
     if out.api == "chat":
-        await conn.emit(out.role_event())
-    async for chunk in up.chunks(g.metrics.itl_by(up.pool).observe):
-        col.add(chunk)
-        if chunk.text:
-            await conn.emit(out.token_event(chunk.text))
+        await conn.emit(out.role_event(len(ups)))
+    lp = req.body.top_logprobs_wanted() is not None
+    chunks = merged(ups, g.metrics.itl_by(up.pool).observe) if len(ups) > 1 else \
+        ((0, c) async for c in up.chunks(g.metrics.itl_by(up.pool).observe))
+    async for i, chunk in chunks:
+        if lp and (chunk.text or chunk.logprobs):   # (the offset: where this chunk's tokens start)
+            lps = logprobs_object(req.api, chunk.logprobs, text_length(cols[i].logprobs))
+            cols[i].add(chunk)
+            await conn.emit(out.token_event(chunk.text, i, lps))
+        else:
+            cols[i].add(chunk)
+            if chunk.text:
+                await conn.emit(out.token_event(chunk.text, i))
         if cork is not None and not chunk.finish_reason:
             cork.uncork()
-    finish = finish_reason(col.finish)
+    finishes = [finish_reason(c.finish) for c in cols]
     if cork is not None:  # the last events and the body's terminator (sent by `_answer`): one write
         cork.cork()
-    await conn.emit(out.last_events(finish, col.usage(), spec_object(d, up.pool, col)))
+    col = combined(cols)
+    await conn.emit(out.last_events(finishes, col.usage(), spec_object(d, up.pool, col)))
 
 
 def _served(g: Gateway, ex: Exchange, up: Upstream, col: Collected, status: int) -> None:

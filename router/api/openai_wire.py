@@ -42,9 +42,10 @@ def classifier_input(body: Body) -> list[dict[str, str]]:
     return [{"role": "user", "content": body.prompt_text()}]
 
 
-def generate_request(body: Body, request_id: str, d: Decision) -> engine_pb2.GenerateRequest:
-    """The worker request for an OpenAI body routed by `d` (the pool and the mode are set per attempt
-    by the dispatcher): the context key and temperature bucket travel as computed here."""
+def generate_request(body: Body, request_id: str, d: Decision, choice: int = 0) -> engine_pb2.GenerateRequest:
+    """The worker request for choice `choice` of an OpenAI body routed by `d` (the pool and the mode
+    are set per attempt by the dispatcher): the context key and temperature bucket travel as computed
+    here; choice i of a seeded request is seeded with `seed + i` (wrapping within int64)."""
     ctx = d.context
     req = engine_pb2.GenerateRequest(request_id=request_id, domain=d.domain, context=ctx.key,
                                      temperature_bucket=ctx.temperature)
@@ -58,7 +59,10 @@ def generate_request(body: Body, request_id: str, d: Decision) -> engine_pb2.Gen
     sp.top_p = 1.0 if body.top_p is None else body.top_p
     if body.seed is not None:
         sp.has_seed = True
-        sp.seed = body.seed
+        sp.seed = (body.seed + choice + 2**63) % 2**64 - 2**63
+    top = body.top_logprobs_wanted()
+    if top is not None:
+        req.logprobs, req.top_logprobs = True, top
     req.max_tokens = body.effective_max_tokens() or 0
     req.stop.extend(body.stop_list())
     # a non-streaming answer is read whole (the unary `Complete`; `coalesce` for a worker without it)
@@ -70,7 +74,7 @@ def generate_request(body: Body, request_id: str, d: Decision) -> engine_pb2.Gen
 class Collected:
     """Text, token counts, finish reason and speculative statistics of a worker stream so far."""
 
-    __slots__ = ("text", "finish", "prompt_tokens", "completion_tokens", "num_tokens", "stats", "ttft_s")
+    __slots__ = ("text", "finish", "prompt_tokens", "completion_tokens", "num_tokens", "stats", "ttft_s", "logprobs")
 
     def __init__(self, ttft_s: float = 0.0) -> None:
         self.text: list[str] = []
@@ -80,10 +84,13 @@ class Collected:
         self.num_tokens = 0
         self.stats: Any = None  # engine_pb2 stats of the final chunk
         self.ttft_s = ttft_s
+        self.logprobs: list[Any] = []   # engine_pb2.TokenLogprob of every token so far (when asked for)
 
     def add(self, c: Any) -> None:
         if c.text:
             self.text.append(c.text)
+        if c.logprobs:
+            self.logprobs.extend(c.logprobs)
         self.num_tokens += c.num_tokens
         if c.prompt_tokens:
             self.prompt_tokens = c.prompt_tokens
@@ -190,33 +197,39 @@ class Completion:
             h["usage"] = None
         return h
 
-    def choice(self, text: str | None, finish: str | None, *, stream: bool, role: bool = False) -> dict[str, Any]:
+    def choice(self, text: str | None, finish: str | None, *, stream: bool, role: bool = False, index: int = 0,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One choice (`logprobs`: its logprobs object, router/api/logprobs.py)."""
         if self.api == "completion":
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if not stream:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": finish}
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def json(self, text: str, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
-        """The whole non-streaming response body."""
-        return orjson.dumps({**self.head(False), "choices": [self.choice(text, finish, stream=False)],
-                             "usage": usage, "specroute": spec})
+    def json(self, text: str, finish: str, usage: dict[str, int], spec: dict[str, Any], *,
+             logprobs: dict[str, Any] | None = None, choices: list[dict[str, Any]] | None = None) -> bytes:
+        """The whole non-streaming response body: one choice, or the given `choices` (n > 1)."""
+        if choices is None:
+            choices = [self.choice(text, finish, stream=False, logprobs=logprobs)]
+        return orjson.dumps({**self.head(False), "choices": choices, "usage": usage, "specroute": spec})
 
     def event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         """One SSE event of the stream."""
         return sse({**self.head(True), "choices": choices, **extra})
 
-    def role_event(self) -> bytes:
-        """A chat stream's first event: the assistant role and empty content."""
-        return self.event([self.choice("", None, stream=True, role=True)])
+    def role_event(self, n: int = 1) -> bytes:
+        """A chat stream's first event(s): the assistant role and empty content, one per choice."""
+        return b"".join(self.event([self.choice("", None, stream=True, role=True, index=i)]) for i in range(n))
 
-    def token_event(self, text: str) -> bytes:
+    def token_event(self, text: str, index: int = 0, logprobs: dict[str, Any] | None = None) -> bytes:
+        if index or logprobs is not None:
+            return self.event([self.choice(text, None, stream=True, index=index, logprobs=logprobs)])
         if not self._token_head:
             # the per-token event is `event([choice(text, None)])`: its fixed parts are encoded once
             # per stream (split at the last mark: the model name may contain one too)
@@ -224,10 +237,12 @@ class Completion:
             self._token_head, self._token_tail = template.rsplit(orjson.dumps(_MARK), 1)
         return self._token_head + orjson.dumps(text) + self._token_tail
 
-    def last_events(self, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
-        """The finishing event (with `specroute`, or followed by the usage event that carries it
-        when `include_usage`) and the `[DONE]` terminator."""
-        last = self.choice(None if self.api == "chat" else "", finish, stream=True)
+    def last_events(self, finish: str | list[str], usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+        """The finishing event of each choice (the last with `specroute`, or followed by the usage
+        event that carries it when `include_usage`) and the `[DONE]` terminator."""
+        finishes = [finish] if isinstance(finish, str) else finish
+        events = [self.choice(None if self.api == "chat" else "", f, stream=True, index=i) for i, f in enumerate(finishes)]
+        out = b"".join(self.event([c]) for c in events[:-1])
         if not self.include_usage:
-            return self.event([last], specroute=spec) + SSE_DONE
-        return self.event([last]) + self.event([], usage=usage, specroute=spec) + SSE_DONE
+            return out + self.event(events[-1:], specroute=spec) + SSE_DONE
+        return out + self.event(events[-1:]) + self.event([], usage=usage, specroute=spec) + SSE_DONE

@@ -2,9 +2,13 @@
 
 Nothing is silently ignored. Every parameter is honoured, or has nothing to honour (bookkeeping:
 `user`, `metadata`, `service_tier`, ...: `NO_EFFECT`), or is rejected with a 400 that names it by
-`check_supported`: parameters we cannot honour (`n > 1`, `logprobs`, tools, token-id prompts,
-presence and frequency penalties other than 0, `logit_bias`, `top_k`, ...) and parameters the OpenAI
-schema does not have (as OpenAI does: "unrecognized request argument").
+`check_supported`: parameters we cannot honour (`best_of > 1`, tools, token-id prompts, presence and
+frequency penalties other than 0, `logit_bias`, `top_k`, ...) and parameters the OpenAI schema does
+not have (as OpenAI does: "unrecognized request argument").
+
+`n` (at most `MAX_N`) is served by one worker call per choice, choice i seeded with `seed + i` when
+a seed is given; `logprobs` are the target's (engines/logprobs.py): chat's `logprobs: true` with
+`top_logprobs` 0..20, legacy completions' `logprobs` 0..5 (the number of top tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from specroute.contracts.limits import MAX_STOP_CHARS
 
 INT32_MAX = 2**31 - 1
 INT64 = 2**63
+MAX_N = 16                  # choices per request (one worker call each)
+MAX_TOP_LOGPROBS = 20       # chat's top_logprobs (the worker's bound, engines/logprobs.py)
+MAX_LEGACY_LOGPROBS = 5     # legacy completions' logprobs (OpenAI's bound)
 
 
 class TextPart(BaseModel):
@@ -98,6 +105,14 @@ class _Sampling(BaseModel):
     def effective_max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def choices(self) -> int:
+        """How many choices to generate (`n`)."""
+        return self.n or 1
+
+    def top_logprobs_wanted(self) -> int | None:
+        """How many top tokens to report with each token's logprob; None: no logprobs."""
+        return self.top_logprobs or 0 if self.logprobs else None
+
     def common_checks(self) -> None:
         for name in self.model_extra or {}:
             if name not in NO_EFFECT:
@@ -114,13 +129,11 @@ class _Sampling(BaseModel):
         if self.store:
             raise APIError(400, "store is not supported (completions are not stored)", param="store",
                            code="unsupported_parameter")
-        if self.n is not None and self.n != 1:
-            raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
+        if self.n is not None and self.n > MAX_N:
+            raise APIError(400, f"n must be at most {MAX_N}", param="n", code="unsupported_parameter")
         if self.best_of is not None and self.best_of != 1:
-            raise APIError(400, "only best_of=1 is supported", param="best_of", code="unsupported_parameter")
-        if self.logprobs not in (None, False, 0) or self.top_logprobs:
-            param = "top_logprobs" if self.top_logprobs else "logprobs"
-            raise APIError(400, f"{param} are not supported", param=param, code="unsupported_parameter")
+            raise APIError(400, "best_of is not supported (only 1; use n for several choices)", param="best_of",
+                           code="unsupported_parameter")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options",
                            code="invalid_value")
@@ -147,6 +160,16 @@ class ChatCompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         self.common_checks()
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise APIError(400, "logprobs must be a boolean (the number of top tokens is top_logprobs)",
+                           param="logprobs", code="invalid_value")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs",
+                               code="invalid_value")
+            if not self.logprobs:
+                raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs",
+                               code="invalid_value")
         if self.tools:
             raise APIError(400, "tools are not supported", param="tools", code="unsupported_parameter")
         if self.functions or self.function_call not in (None, "none"):
@@ -184,6 +207,13 @@ class CompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         self.common_checks()
+        if self.top_logprobs is not None:
+            raise APIError(400, "top_logprobs is a chat parameter (here logprobs is the number of top tokens)",
+                           param="top_logprobs", code="unsupported_parameter")
+        if self.logprobs is not None and self.logprobs is not False and (self.logprobs is True
+                                                   or not 0 <= self.logprobs <= MAX_LEGACY_LOGPROBS):
+            raise APIError(400, f"logprobs must be an integer in [0, {MAX_LEGACY_LOGPROBS}]", param="logprobs",
+                           code="invalid_value")
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise APIError(400, "exactly one prompt per request is supported", param="prompt",
                            code="unsupported_parameter")
@@ -197,6 +227,10 @@ class CompletionRequest(_Sampling):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Legacy `logprobs` is the number of top tokens (0: the chosen token's only); None: none."""
+        return None if self.logprobs is None or self.logprobs is False else int(self.logprobs)
 
     def prompt_texts(self) -> list[str]:
         return [self.prompt_text()]

@@ -26,6 +26,22 @@ def fake_text(n: int) -> list[str]:
     return [WORDS[i % len(WORDS)] for i in range(n)]
 
 
+def fake_logprobs(request: engine_pb2.GenerateRequest, first: int, words: list[str]) -> list[engine_pb2.TokenLogprob]:
+    """Made-up logprobs of tokens `first`.. (`words`), when the request asks for them: token i's is
+    -(i % 7) / 10, its top tokens are itself and then made-up others."""
+    if not request.logprobs:
+        return []
+    out = []
+    for i, w in enumerate(words, first):
+        lp = -(i % 7) / 10
+        top = [engine_pb2.TokenLogprob(token_id=i, token=w, token_bytes=w.encode(), logprob=lp)]
+        top += [engine_pb2.TokenLogprob(token_id=1000 + j, token=f"t{j}", token_bytes=f"t{j}".encode(), logprob=lp - 1 - j)
+                for j in range(request.top_logprobs - 1)]
+        out.append(engine_pb2.TokenLogprob(token_id=i, token=w, token_bytes=w.encode(), logprob=lp,
+                                           top=top[:request.top_logprobs]))
+    return out
+
+
 @dataclass
 class FakeConfig:
     name: str = "fake"
@@ -78,14 +94,17 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         self.unary_calls += 1
         if not self.cfg.unary:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-        t0, ttft, texts, n = time.perf_counter(), 0.0, [], 0
+        t0, ttft, texts, n, lps = time.perf_counter(), 0.0, [], 0, []
         final = engine_pb2.GenerateChunk()
         async for ch in self.Generate(request, context):
             ttft = ttft or time.perf_counter() - t0
             texts.append(ch.text)
             n += ch.num_tokens
+            lps += ch.logprobs
             final = ch
         final.text, final.num_tokens, final.ttft_ms = "".join(texts), n, ttft * 1000.0
+        del final.logprobs[:]
+        final.logprobs.extend(lps)
         return final
 
     async def Generate(self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
@@ -136,7 +155,8 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
                     continue
                 yield engine_pb2.GenerateChunk(text="".join(pending), num_tokens=len(pending),
                                                token_ids=range(i + 1 - len(pending), i + 1),
-                                               prompt_tokens=prompt_tokens if i == start else 0)
+                                               prompt_tokens=prompt_tokens if i == start else 0,
+                                               logprobs=fake_logprobs(request, i + 1 - len(pending), pending))
                 pending = []
             steps = max(1, round(emitted / (1 + c.block_size * alpha)))
             drafted = steps * c.block_size
@@ -148,7 +168,7 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
             )
             yield engine_pb2.GenerateChunk(
                 text="".join(rest), num_tokens=len(rest), token_ids=range(start + emitted - len(rest), start + emitted),
-                finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=emitted, stats=stats
+                logprobs=fake_logprobs(request, start + emitted - len(rest), rest), finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=emitted, stats=stats
             )
             self.completed += 1
             if self._record is not None:

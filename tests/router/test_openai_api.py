@@ -227,7 +227,7 @@ BAD = [
     (b'{"model": "fake-model"}', 400, "invalid_value"),
     (b'{"model": 3, "messages": [{"role": "user", "content": "x"}]}', 400, "invalid_value"),
     (b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}', 404, "model_not_found"),
-    (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "unsupported_parameter"),
+    (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "n": 17}', 400, "unsupported_parameter"),
     (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"}', 400,
      "invalid_value"),
     (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "temperature": 9}', 400,

@@ -20,24 +20,25 @@ COMPLETION = {"model": "fake-model", "prompt": "hi there", "max_tokens": 5, "tem
 ACCEPTED: list[tuple[str, Any]] = [
     ("temperature", 0.7), ("top_p", 0.9), ("seed", 5), ("max_tokens", 3), ("stop", ["zz"]), ("n", 1),
     ("stream", False), ("user", "u1"), ("presence_penalty", 0), ("frequency_penalty", 0.0), ("logit_bias", {}),
-    ("top_k", -1), ("logprobs", False), ("store", False), ("metadata", {"a": "b"}), ("service_tier", "auto"),
+    ("top_k", -1), ("logprobs", False), ("n", 2), ("store", False), ("metadata", {"a": "b"}), ("service_tier", "auto"),
     ("prompt_cache_key", "k"), ("safety_identifier", "s"),
 ]
-CHAT_ACCEPTED = [("max_completion_tokens", 3), ("response_format", {"type": "text"}), ("modalities", ["text"]),
+CHAT_ACCEPTED = [("logprobs", True), ("max_completion_tokens", 3), ("response_format", {"type": "text"}), ("modalities", ["text"]),
                  ("tool_choice", "none"), ("parallel_tool_calls", False)]
-COMPLETION_ACCEPTED = [("best_of", 1), ("echo", False), ("suffix", "")]
+COMPLETION_ACCEPTED = [("best_of", 1), ("echo", False), ("suffix", ""), ("logprobs", 2)]
 
 # refused with a 400 naming the parameter
 REFUSED: list[tuple[str, Any]] = [
     ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"50256": -100}), ("top_k", 5),
-    ("n", 2), ("logprobs", True), ("top_logprobs", 2), ("store", True), ("min_p", 0.1),
+    ("n", 17), ("top_logprobs", 2), ("store", True), ("min_p", 0.1),
     ("repetition_penalty", 1.1), ("no_such_parameter", 1),
 ]
 CHAT_REFUSED = [("tools", [{"type": "function", "function": {"name": "f"}}]), ("functions", [{"name": "f"}]),
                 ("function_call", "auto"), ("response_format", {"type": "json_object"}), ("modalities", ["audio"]),
                 ("audio", {"voice": "x"}), ("prediction", {"type": "content", "content": "x"}),
-                ("web_search_options", {}), ("reasoning_effort", "low"), ("verbosity", "low")]
-COMPLETION_REFUSED = [("best_of", 2), ("echo", True), ("suffix", "x"), ("logprobs", 2)]
+                ("web_search_options", {}), ("reasoning_effort", "low"), ("verbosity", "low"), ("logprobs", 3),
+                ("best_of", 2)]
+COMPLETION_REFUSED = [("best_of", 2), ("echo", True), ("suffix", "x"), ("logprobs", 6), ("logprobs", True)]
 
 
 async def test_every_openai_parameter_is_honoured_or_refused_by_name(redis_url: str) -> None:

@@ -1,17 +1,50 @@
-"""What a finished completion request leaves behind: its key's counts and token charge, the time
-series, the access-log line and the trace's end, built once from its `Exchange`
-(router/api/completions.py) after the response is out."""
+"""One completion request as far as it got (`Exchange`, filled step by step by router/api/completions.py)
+and what is done with it once the response is out (`account`): the per-key counts and token charge,
+the time series, the access-log line and the trace's end, all built from the `Exchange` once."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from router.gateway import Gateway
+from router.api.admit import Admitted
+from router.api.openai_wire import Api
+from router.gateway import Gateway, Turn
+from router.keys.ratelimit import ADMITTED
 from router.observability.access_log import Outcome
+from router.observability.tracing import RequestTrace
+from router.routing.decide import Decision
 
-if TYPE_CHECKING:
-    from router.api.completions import Exchange
+
+@dataclass(slots=True)
+class Served:
+    """What the worker gave a request, for the logs and counts."""
+
+    pool: str
+    reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    mal: float | None = None
+
+
+class Exchange:
+    """One request as far as it got: filled step by step, read once at the end."""
+
+    __slots__ = ("api", "t0", "trace", "rid", "key", "request", "reservation", "decision", "served", "status",
+                 "turn", "conversation", "shadow_pool")
+
+    def __init__(self, api: Api, t0: float, trace: RequestTrace | None) -> None:
+        self.api, self.t0, self.trace = api, t0, trace
+        self.rid: str | None = None
+        self.key = None
+        self.request: Admitted | None = None
+        self.reservation = ADMITTED  # the key's tokens reserved at admission (none yet)
+        self.decision: Decision | None = None
+        self.served: Served | None = None
+        self.status = 0
+        self.turn: Turn | None = None          # the conversation it continues, served before
+        self.conversation = b""                # x-specroute-conversation: new, stay or switch ("": none)
+        self.shadow_pool: str | None = None    # the shadow policy's pool (not served)
 
 
 def account(g: Gateway, ex: Exchange) -> None:

@@ -1,0 +1,138 @@
+"""The official `openai` client on logprobs, n and the Responses API, through a real gateway to real
+workers on the demo bundle: one worker serving `ar`, `mtp` and `dfly` (three pools by `--pool-mode`,
+as tests/e2e/test_modes_e2e.py; a `--dcut` worker would profile its machine for a minute first: D-Cut's
+per-row verification depth is covered by tests/engines/test_logprobs.py); real redis-server. The policy
+pins chat to each pool in turn. Cost: ~60 s to start (model load on a loaded machine), ~35 s of requests.
+
+- logprobs (top 3) at T=0 and seeded at T=0.8/top-p 0.9: the same tokens and the same logprobs (1e-4)
+  from MTP, DFly and AR, whole and streamed;
+- n=3 gives three choices, each seeded seed+i, usage summed;
+- `responses.create`, a follow-up by `previous_response_id` that sees the history, and `.stream`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from specroute.readiness import grpc_serving
+from tests.e2e.test_gateway_e2e import ADMIN, CHAT, _bundle, _http, _spawn, _wait
+from tests.redis_server import RedisServer, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+POOLS = ("ar", "mtp", "dfly")
+
+
+class Stack:
+    def __init__(self, tmp: Path) -> None:
+        self.redis = RedisServer().start()
+        port, self.gw_port = free_port(), free_port()
+        self.procs = [_spawn(["worker", "--engine", ",".join(POOLS), "--model", str(_bundle(tmp)), "--port", str(port),
+                              "--max-running", "4"], tmp / "worker.log")]
+        addr = f"127.0.0.1:{port}"
+        _wait(lambda: grpc_serving(addr), self.procs[0], "worker", tmp / "worker.log")
+        pools = [x for m in POOLS for x in ("--pool", f"{m}={addr}", "--pool-mode", f"{m}={m}")]
+        self.procs.append(_spawn(["gateway", "--port", str(self.gw_port), *pools, "--redis-url", self.redis.url],
+                                 tmp / "gw.log", env={"SPECROUTE_ADMIN_TOKEN": f"ops:{ADMIN}"}))
+        self.url = f"http://127.0.0.1:{self.gw_port}"
+        _wait(lambda: _http(self.url + "/v1/models")[0] == 200, self.procs[1], "gateway", tmp / "gw.log", 120)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def pin_chat(self, pool: str) -> None:
+        auth = {"authorization": f"Bearer {ADMIN}"}
+        _, doc, h = _http(self.url + "/admin/policy", headers=auth)
+        status, body, _ = _http(self.url + "/admin/policy", {**doc, "pins": {"chat": pool}, "exploration_rate": 0.0,
+                                                             "uncertainty_threshold": 0.0}, "PUT",
+                                {**auth, "if-match": h["etag"]})
+        assert status == 200, body
+        time.sleep(0.3)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            p.wait(20)
+        self.redis.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("surface"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _tokens(content: list[Any]) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    return [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content]
+
+
+def _close(a: list[Any], b: list[Any], label: str) -> None:
+    assert [t for t, _, _ in a] == [t for t, _, _ in b], label
+    for (_, x, tx), (_, y, ty) in zip(a, b, strict=True):
+        assert abs(x - y) <= 1e-4, (label, x, y)
+        assert [t for t, _ in tx] == [t for t, _ in ty] and all(abs(p - q) <= 1e-4 for (_, p), (_, q) in
+                                                                zip(tx, ty, strict=True)), label
+
+
+def test_logprobs_are_the_targets_on_every_pool_and_n_choices(stack: Stack) -> None:
+    c = stack.client
+    refs: dict[str, Any] = {}
+    for pool in POOLS:
+        stack.pin_chat(pool)
+        for name, extra in (("greedy", {"temperature": 0}), ("seeded", {"temperature": 0.8, "top_p": 0.9, "seed": 7})):
+            r = c.chat.completions.with_raw_response.create(model="specroute", messages=CHAT, max_tokens=24,
+                                                            logprobs=True, top_logprobs=3, **extra)
+            assert r.headers["x-specroute-pool"] == pool
+            ch = r.parse().choices[0]
+            got = _tokens(ch.logprobs.content)
+            assert "".join(t for t, _, _ in got) == ch.message.content and all(len(t) == 3 for _, _, t in got)
+            assert all(lp <= 0 and top[0][1] >= lp - 1e-6 for _, lp, top in got)
+            refs.setdefault(name, got)
+            _close(got, refs[name], f"{pool} {name}")
+            if pool != "ar" and r.parse().specroute["drafted_tokens"] == 0:   # type: ignore[attr-defined]
+                pytest.fail(f"{pool} drafted nothing")
+    stream = c.chat.completions.create(model="specroute", messages=CHAT, max_tokens=24, logprobs=True,
+                                       top_logprobs=3, temperature=0, stream=True)
+    streamed = [t for ev in stream for ch in ev.choices if ch.logprobs and ch.logprobs.content
+                for t in _tokens(ch.logprobs.content)]
+    _close(streamed, refs["greedy"], "streamed")
+
+    r = c.chat.completions.create(model="specroute", messages=CHAT, max_tokens=8, temperature=1.0, seed=3, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and all(ch.message.content for ch in r.choices)
+    full = sum(ch.finish_reason == "length" for ch in r.choices)   # those are 8 tokens long; the others end sooner
+    assert r.usage is not None and 8 * full + (3 - full) <= r.usage.completion_tokens <= 24
+    one = c.chat.completions.create(model="specroute", messages=CHAT, max_tokens=8, temperature=1.0, seed=4)
+    assert one.choices[0].message.content == r.choices[1].message.content   # choice 1 is seeded 3 + 1
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        c.completions.create(model="specroute", prompt="Once upon a time", max_tokens=4, best_of=2)
+
+
+def test_responses_create_follow_up_and_stream(stack: Stack) -> None:
+    c = stack.client
+    first = c.responses.create(model="specroute", input="My name is Ada. Say hello.", max_output_tokens=16,
+                               temperature=0)
+    assert first.id.startswith("resp_") and first.output_text and first.usage is not None
+    follow = c.responses.create(model="specroute", input="What is my name?", previous_response_id=first.id,
+                                max_output_tokens=8, temperature=0)
+    assert follow.previous_response_id == first.id and follow.output_text
+    # the follow-up saw the history: its prompt holds both turns and the first answer
+    assert follow.usage is not None and follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    kinds, deltas = [], []
+    with c.responses.stream(model="specroute", input="Tell me a story.", max_output_tokens=12, temperature=0) as s:
+        for ev in s:
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                deltas.append(ev.delta)
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    again = c.responses.create(model="specroute", input="Tell me a story.", max_output_tokens=12, temperature=0)
+    assert "".join(deltas) == again.output_text
+    with pytest.raises(openai.BadRequestError, match="reasoning"):
+        c.responses.create(model="specroute", input="x", reasoning={"effort": "low"})
