@@ -33,7 +33,6 @@ from router.api.openai_wire import (
     SSE_HEADERS,
     Api,
     Collected,
-    Completion,
     classifier_input,
     decision_headers,
     finish_reason,
@@ -43,6 +42,7 @@ from router.api.openai_wire import (
     spec_object,
     sse,
 )
+from router.api.tool_calls import completion_for
 from router.gateway import Gateway
 from router.http.asgi import (
     JSON_CONTENT_TYPE,
@@ -254,7 +254,7 @@ async def _whole(g: Gateway, ex: Exchange, up: Upstream, d: Decision) -> _Reply:
     overhead = max(0.0, time.perf_counter() - ex.t0 - up.worker_s)
     g.metrics.overhead_seconds.observe(overhead)
     _served(g, ex, up, col, 200)
-    out = Completion(req.api, req.rid, int(time.time()), req.body.model)
+    out = completion_for(req.api, req.rid, int(time.time()), req.body)
     return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead)],
                   out.json("".join(col.text), finish, col.usage(), spec_object(d, up.pool, col)))
 
@@ -306,14 +306,14 @@ async def _events(g: Gateway, ex: Exchange, up: Upstream, col: Collected, conn: 
     req, d = ex.request, ex.decision
     assert req is not None and d is not None
     opts = req.body.stream_options
-    out = Completion(req.api, req.rid, int(time.time()), req.body.model, bool(opts and opts.include_usage))
+    out = completion_for(req.api, req.rid, int(time.time()), req.body, bool(opts and opts.include_usage))
     cork = conn.cork
     if out.api == "chat":
         await conn.emit(out.role_event())
     async for chunk in up.chunks(g.metrics.itl_by(up.pool).observe):
         col.add(chunk)
-        if chunk.text:
-            await conn.emit(out.token_event(chunk.text))
+        if chunk.text and (events := out.token_events(chunk.text)):
+            await conn.emit(events)
         if cork is not None and not chunk.finish_reason:
             cork.uncork()
     finish = finish_reason(col.finish)
