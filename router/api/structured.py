@@ -56,7 +56,7 @@ def response_spec(rf: dict[str, Any] | None) -> GrammarSpec | None:
                    "response_format.json_schema")
     schema = js.get("schema", {"type": "object"})
     _check_schema(schema, "response_format.json_schema.schema")
-    return GrammarSpec("json_schema", json.dumps(schema))
+    return GrammarSpec("json_schema", json.dumps(closed(schema)))
 
 
 def functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -101,13 +101,29 @@ def tool_choice(body: Any) -> str:
     return str(fn["name"])
 
 
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema with `properties` that leaves it
+    unset (OpenAI's strict mode): every output still matches the schema as given, and a small model
+    cannot wander into invented keys until max_tokens."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in ("enum", "const", "default", "examples") else closed(v) for k, v in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def calls_grammar(fns: list[dict[str, Any]]) -> GrammarSpec:
-    """Exactly one call of one of `fns`, arguments matching its parameters, in the tool-call block."""
+    """Exactly one call of one of `fns`, arguments matching its parameters, in the tool-call block: a
+    Lark grammar in llguidance's dialect, its JSON compact (no free whitespace)."""
     def call(fn: dict[str, Any]) -> dict[str, Any]:
         return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                 "arguments": fn.get("parameters") or {"type": "object"}},
+                                                 "arguments": closed(fn.get("parameters") or {"type": "object"})},
                 "required": ["name", "arguments"], "additionalProperties": False}
     schema = call(fns[0]) if len(fns) == 1 else {"anyOf": [call(f) for f in fns]}
+    schema["x-guidance"] = {"whitespace_flexible": False}   # compact JSON (llguidance's option), as json_schema
     lark = f"start: {json.dumps(TOOL_CALL_OPEN + chr(10))} call {json.dumps(chr(10) + TOOL_CALL_CLOSE)}\n" \
            f"call: %json {json.dumps(schema)}"
     return GrammarSpec("lark", lark)
