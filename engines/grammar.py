@@ -21,6 +21,8 @@ EOS, which the stop rule ends on anyway.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +43,7 @@ class Constraint:
         self.eos_id = eos_id
         self._words = np.full(((vocab_size + 31) // 32,), -1, dtype=np.int32)
         self.advanced = 0          # drafts consumed by the last `masks_along`, not yet committed
+        self.virtual = 0           # of those, EOS drafts past the grammar's end (nothing consumed)
 
     def mask(self) -> Tensor:
         """[V] bool: the tokens allowed next."""
@@ -58,10 +61,16 @@ class Constraint:
 
     def masks_along(self, drafts: Sequence[int]) -> Tensor:
         """[j + 1, V] masks of the positions after d_1..d_t for t = 0..j, j the allowed prefix of
-        `drafts`; the matcher is left after d_1..d_j (`self.advanced` = j) until `commit`."""
+        `drafts`; the matcher is left after d_1..d_j (`self.advanced` = j) until `commit`. Past the
+        grammar's end only EOS is allowed, and an EOS there advances nothing (`self.virtual`)."""
         masks = [self.mask()]
+        self.virtual = 0
         for d in drafts:
-            if self.matcher.is_stopped() or not bool(masks[-1][int(d)]) or not self.matcher.consume_token(int(d)):
+            if not bool(masks[-1][int(d)]):
+                break
+            if self.matcher.is_stopped():
+                self.virtual += 1
+            elif not self.matcher.consume_token(int(d)):
                 break
             self.advanced += 1
             masks.append(self.mask())
@@ -71,9 +80,10 @@ class Constraint:
         """Of the drafts `masks_along` advanced through, keep `accepted`; then consume `token`."""
         back = self.advanced - accepted
         assert back >= 0, (self.advanced, accepted)
-        if back:
-            self.matcher.rollback(back)
-        self.advanced = 0
+        real = back - min(back, self.virtual)   # the virtual ones are the last
+        if real:
+            self.matcher.rollback(real)
+        self.advanced = self.virtual = 0
         self.consume(token)
 
 
@@ -108,14 +118,18 @@ def first_token_logits(constraint: Constraint | None, logits: Tensor) -> Tensor:
 
 
 class GrammarCompiler:
-    """Builds `Constraint`s for one tokenizer (`tokenizer.json` text) and target vocabulary size."""
+    """Builds `Constraint`s for one tokenizer (`tokenizer.json` text) and target vocabulary size. A grammar
+    is compiled once (tens of ms) and kept (the last `cache_size`): a request gets a copy of its matcher."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_id: int) -> None:
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_id: int, cache_size: int = 64) -> None:
         import llguidance
 
         self._llg = llguidance
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_id)
         self.V, self.eos_id = vocab_size, eos_id
+        self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.cache_size = cache_size
 
     def grammar(self, spec: GrammarSpec) -> str:
         """llguidance's grammar text for a spec; UserError when the schema or grammar is invalid."""
@@ -136,6 +150,20 @@ class GrammarCompiler:
             raise UserError(f"invalid {spec.kind}: {exc}") from None
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
+        """A fresh grammar state for `spec` (UserError when it does not compile)."""
+        with self._lock:
+            proto = self._compiled.get(spec)
+            if proto is not None:
+                self._compiled.move_to_end(spec)
+        if proto is None:
+            proto = self._compile(spec)
+            with self._lock:
+                self._compiled[spec] = proto
+                while len(self._compiled) > self.cache_size:
+                    self._compiled.popitem(last=False)
+        return Constraint(proto.deep_copy(), self.V, self.eos_id)
+
+    def _compile(self, spec: GrammarSpec) -> Any:
         grammar = self.grammar(spec)
         err = self._llg.LLMatcher.validate_grammar(grammar)
         if err:
@@ -143,4 +171,4 @@ class GrammarCompiler:
         matcher = self._llg.LLMatcher(self.tokenizer, grammar)
         if matcher.is_error():
             raise UserError(f"invalid {spec.kind}: {matcher.get_error().splitlines()[0][:300]}")
-        return Constraint(matcher, self.V, self.eos_id)
+        return matcher

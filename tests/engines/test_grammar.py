@@ -1,7 +1,7 @@
 """Grammar-constrained decoding (`engines.grammar`): the masks, and exactness under speculation on the
 demo bundle: T=0 constrained output of MTP, DFly, DFly + D-Cut and EAGLE-3 (tree) equals AR constrained
 greedy decoding token for token, and a seeded T>0 request (an exact sample, a function of seed and
-position only) equals AR's seeded constrained sample. Costs ~15 s on 2 loaded cores (demo model)."""
+position only) equals AR's seeded constrained sample. Costs ~30 s on 2 cores (demo model), minutes when loaded."""
 
 from __future__ import annotations
 
