@@ -287,7 +287,7 @@ class Batcher:
             a.slot = self._free.pop(0)
             try:
                 self.decoder.start(a.slot, a.req.prompt_ids, a.req.params, a.req.mode or None, a.req.domain,
-                                  a.req.temperature_bucket)
+                                  a.req.temperature_bucket, a.req.constraint)
             except Exception as exc:
                 self._finish(a, "error", error=str(exc))
                 continue

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from engines.errors import check_room
+from engines.grammar import Constraint, first_token_logits
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams, logits_to_probs, make_generator, sample, seeded_scores
@@ -59,21 +60,27 @@ def decode_one(model: Transformer, cache: KVCache, slot: int, token: int) -> Ten
     return model.logits(out.hidden[0, -1])
 
 
-def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, position: int) -> int:
-    """The token at absolute `position` from its logits [V]: the argmax (greedy), a seeded request's
-    Gumbel-max (`engines.sampling.seeded_scores`), else a sample from `generator`."""
+def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None, position: int,
+               constraint: Constraint | None = None) -> int:
+    """The token at absolute `position` from its logits [V] (masked by `constraint`'s grammar, which then
+    advances past it): the argmax (greedy), a seeded request's Gumbel-max
+    (`engines.sampling.seeded_scores`), else a sample from `generator`."""
+    logits = first_token_logits(constraint, logits)
     if params.greedy:
-        return int(logits.argmax(-1))
-    probs = logits_to_probs(logits, params.temperature, params.top_p)
-    if params.seed is not None:
-        return int(seeded_scores(probs[None], params.seed, position)[0].argmax())
-    return int(sample(probs, generator))
+        y = int(logits.argmax(-1))
+    else:
+        probs = logits_to_probs(logits, params.temperature, params.top_p)
+        y = int(seeded_scores(probs[None], params.seed, position)[0].argmax()) if params.seed is not None \
+            else int(sample(probs, generator))
+    if constraint is not None:
+        constraint.consume(y)
+    return y
 
 
 @torch.no_grad()
 def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], params: SamplingParams,
                 max_tokens: int = 128, stop: tuple[str, ...] = (), max_len: int | None = None,
-                cache: KVCache | None = None) -> GenerationResult:
+                cache: KVCache | None = None, constraint: Constraint | None = None) -> GenerationResult:
     max_len = max_len or model.config.max_position_embeddings
     check_room(len(prompt_ids), max_len)
     max_tokens = min(max_tokens, max_len - len(prompt_ids))
@@ -87,7 +94,7 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
     steps = 0
     emitted: list[int] = []
     while True:
-        y = next_token(logits, params, gen, len(prompt_ids) + len(emitted))
+        y = next_token(logits, params, gen, len(prompt_ids) + len(emitted), constraint)
         emitted.append(y)
         state.push(y)
         if not ttft:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engines.logprobs import TokenLogprob
 from engines.sampling import SamplingParams
@@ -53,6 +54,9 @@ class GenRequest:
     # produced (and `prefix_chars` characters of their text were sent); `max_tokens` excludes them
     prefix_len: int = 0
     prefix_chars: int = 0
+    # the grammar the output must match (an `engines.grammar.Constraint`, built by the worker from the
+    # request's `GrammarSpec`); None: unconstrained. A continuation's constraint has consumed its prefix.
+    constraint: Any = None
 
 
 @dataclass

@@ -36,6 +36,7 @@ from torch import Tensor
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import next_token
+from engines.grammar import Constraint, commit_rows, first_token_logits, mask_drafted
 from engines.logprobs import record as record_logprobs
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts, steady_context
@@ -123,9 +124,10 @@ class SpecDecoder:
 
     # --- request lifecycle -------------------------------------------------------------------
     def start(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams, mode: str | None = None,
-              domain: str = "", bucket: str = "") -> None:
+              domain: str = "", bucket: str = "", constraint: Constraint | None = None) -> None:
         """Take `slot` for a request in `mode` (None: the default mode) of `domain` (the router's label)
-        and temperature `bucket` (the gateway's, from the wire; "": derived once from `params`)."""
+        and temperature `bucket` (the gateway's, from the wire; "": derived once from `params`), its output
+        held to `constraint`'s grammar (`engines.grammar`)."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.num_slots - 1}")
         mode = self.default_mode if mode is None or (mode == "" and "" not in self.modes) else mode
@@ -142,7 +144,8 @@ class SpecDecoder:
         for d in drafters:
             d.reset(slot)
         self.slots[slot] = SlotState(list(prompt_ids), params, make_generator(params.seed), mode=mode,
-                                     domain=domain, drafter=drafter, drafters=drafters, bucket=bucket)
+                                     domain=domain, drafter=drafter, drafters=drafters, bucket=bucket,
+                                     constraint=constraint)
 
     @torch.no_grad()
     def prefill_step(self, slot: int, max_tokens: int) -> int | None:
@@ -158,8 +161,8 @@ class SpecDecoder:
         st.prefilled = b
         y0 = None
         if b == len(st.prompt):
-            logits = self.target.logits(out.hidden[0, -1])           # [V]
-            y0 = next_token(logits, st.params, st.generator, b)
+            logits = first_token_logits(st.constraint, self.target.logits(out.hidden[0, -1]))   # [V], under the grammar
+            y0 = next_token(logits, st.params, st.generator, b, st.constraint)
             st.y0 = y0
             record_logprobs(st.logprobs, logits[None], [y0], st.params)
         if st.drafters:
@@ -192,8 +195,8 @@ class SpecDecoder:
             st, n = self.slots[s], len(p)
             self.cache.lengths[s] = n
             st.prefilled = n
-            logits = self.target.logits(out.hidden[b, n - 1])
-            st.y0 = next_token(logits, st.params, st.generator, n)
+            logits = first_token_logits(st.constraint, self.target.logits(out.hidden[b, n - 1]))   # [V], under the grammar
+            st.y0 = next_token(logits, st.params, st.generator, n, st.constraint)
             record_logprobs(st.logprobs, logits[None], [st.y0], st.params)
             st.feed(feats, b, n, 0, list(p[1:]) + [st.y0])
             firsts.append(st.y0)
@@ -347,6 +350,7 @@ class SpecDecoder:
         logits = self.target.logits(out.hidden)                     # [B, W+1, V]
         self.costs.observe_verify((time.perf_counter() - t_f) * 1000.0, tokens.numel(), self.compute_bound_tokens)
         keep_t = torch.tensor(kept, dtype=torch.long)
+        logits = mask_drafted([st.constraint for st in states], logits, drafts, kept)   # grammar masks per position
 
         num_acc = torch.zeros(B, dtype=torch.long)
         nxt = torch.zeros(B, dtype=torch.long)
@@ -371,6 +375,7 @@ class SpecDecoder:
             a, y = verify_sample(p, drafts[b:b + 1, :kb], q, keep_t[b:b + 1], st.generator)
             num_acc[b], nxt[b] = a[0], y[0]
 
+        commit_rows([st.constraint for st in states], num_acc.tolist(), nxt.tolist())
         feats = self._features(states, out)
         emitted: list[list[int]] = []
         for b, (s, st) in enumerate(zip(slots, states, strict=True)):

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from engines.chat_tools import fallback_messages, native_messages, template_supports_tools
 from specroute.errors import UserError
 
 EOT, PAD, MASK = "<|endoftext|>", "<|pad|>", "<|mask|>"
@@ -145,8 +146,16 @@ class Tokenizer:
         except TemplateError as exc:
             raise UserError(f"chat template does not compile: {exc}") from None
 
-    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt string of `messages` in this model's chat format."""
+    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """The prompt string of `messages` in this model's chat format; with `tools` (or tool turns) the
+        template renders them where it reads `tools`, else the fallback format (engines/chat_tools.py)."""
+        if tools or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+            if not template_supports_tools(self.chat_template):
+                return self.format_chat(fallback_messages(messages, tools), add_generation_prompt)
+            return self._template.render(messages=native_messages(messages), tools=tools or None,
+                                         add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token)
         if self.chat_template == CHAT_TEMPLATE:
             return format_chat(messages, add_generation_prompt)
         _check_roles(messages)
@@ -162,8 +171,8 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.inner.decode(ids, skip_special_tokens=False)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.format_chat(messages, add_generation_prompt=True))
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.encode(self.format_chat(messages, add_generation_prompt=True, tools=tools))
 
     def token_piece(self, token_id: int) -> tuple[str, bytes]:
         """One token's text and its bytes (OpenAI's logprob `token` and `bytes`). A byte-level BPE token

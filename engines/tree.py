@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from engines.grammar import commit_rows, mask_drafted
 from engines.logprobs import record as record_logprobs
 from engines.model import ForwardOut, KVCache, Transformer, rope_cos_sin
 from engines.sampling import logits_to_probs, sample, seeded_scores
@@ -128,7 +129,9 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
     slot_t = torch.tensor(list(slots))
     out, kvs = tree_forward(dec.target, tokens, starts[:, None] + depth, anc, starts, dec.cache, slot_t, dec.capture)
     logits = dec.target.logits(out.hidden)                                           # [B, M, V]
-    limit = torch.tensor(list(max_depth), dtype=torch.long)
+    cons = [st.constraint for st in states]   # a grammar-constrained row verifies no drafts: a plain step
+    limit = torch.tensor([0 if c is not None else d for c, d in zip(cons, max_depth, strict=True)], dtype=torch.long)
+    logits = mask_drafted(cons, logits, tokens[:, 1:], [0] * B)
     last = torch.zeros(B, dtype=torch.long)
     nxt = torch.zeros(B, dtype=torch.long)
     greedy = [b for b, st in enumerate(states) if st.params.greedy]
@@ -150,6 +153,7 @@ def verify_tree(dec: SpecDecoder, slots: Sequence[int], states: Sequence[SlotSta
             return int(sample(pr[i], g))
         last[b], nxt[b] = accept_walk(pick, tokens[b, 1:].tolist(), parents[b].tolist(), depth[b].tolist(),
                                       int(limit[b]))
+    commit_rows(cons, [0] * B, nxt.tolist())
     feats = dec.features(dec.drafter, out) if dec.drafter is not None else None
     emitted: list[list[int]] = []
     for b, (s, st) in enumerate(zip(slots, states, strict=True)):

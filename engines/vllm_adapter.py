@@ -23,7 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engines.chat_tools import fallback_messages, native_messages, template_supports_tools
 from engines.requests import GenRequest, RequestStats
+from specroute.contracts.grammar import GrammarSpec
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
@@ -145,7 +147,23 @@ def sampling_kwargs(req: GenRequest) -> dict[str, Any]:
         "seed": p.seed,
         "skip_special_tokens": True,
     }
+    if isinstance(req.constraint, GrammarSpec):
+        kw["structured_outputs"] = structured_outputs(req.constraint)
     return kw
+
+
+def structured_outputs(spec: GrammarSpec) -> Any:
+    """vLLM's own structured-output parameters for a grammar spec (its guidance backend reads our Lark
+    dialect); a vLLM without them refuses the request (UserError, INVALID_ARGUMENT)."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        raise UserError("this vLLM has no structured outputs (StructuredOutputsParams)") from None
+    if spec.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if spec.kind == "json_schema":
+        return StructuredOutputsParams(json=json.loads(spec.body))
+    return StructuredOutputsParams(grammar=spec.body)
 
 
 def spec_summary(spec: Any) -> Mapping[str, Any] | None:
@@ -186,12 +204,19 @@ def stats_from_vllm(spec: Any, prompt_tokens: int = 0, completion_tokens: int = 
                         acceptance=AcceptanceStats(drafted, accepted, spec_steps + plain, per_pos))
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of a chat through a Hugging Face tokenizer's own chat template. transformers 5.x returns
+def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict] | None = None) -> list[int]:
+    """Token ids of a chat through a Hugging Face tokenizer's own chat template (with `tools` where it
+    reads them, else the fallback format of engines/chat_tools.py). transformers 5.x returns
     a `BatchEncoding` from `apply_chat_template(tokenize=True)` (a mapping: `list()` of it gives its keys),
     4.x a list: both are read as the ids."""
-    out = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)
+    msgs, kw = [dict(m) for m in messages], {}
+    if tools or any(m.get("role") == "tool" or m.get("tool_calls") for m in msgs):
+        if template_supports_tools(getattr(tokenizer, "chat_template", None) or ""):
+            msgs, kw = native_messages(msgs), {"tools": list(tools or []) or None}
+        else:
+            msgs = fallback_messages(msgs, list(tools or []))
+    out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True, **kw)
     ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
     if ids and isinstance(ids[0], list):   # batched layout
         ids = ids[0]

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 
 from engines.batcher import Batcher
 from engines.errors import EngineError
+from engines.grammar import Constraint, GrammarCompiler
 from engines.requests import BatcherConfig, Closed, GenRequest, LoadSnapshot, QueueFull, Sink
+from specroute.contracts.grammar import GrammarSpec
 from specroute.errors import UserError
 
 
@@ -152,6 +154,7 @@ class LocalBackend:
         self.batcher: Batcher = make_batcher(self.engine, cfg, dcut=settings.dcut, threads=settings.threads,
                                              profile_dir=settings.dcut_profile_dir, observer=observer)
         self.tokenizer = self.engine.tokenizer
+        self._grammars: GrammarCompiler | None = None
         drafter = self.engine.drafter
         k = self.batcher.k
         modes = tuple(ModeInfo(m, d.kind if d is not None else "", min(k, self.engine.mode_block_size(m)))
@@ -173,10 +176,21 @@ class LocalBackend:
     def token_piece(self, token_id: int) -> tuple[str, bytes]:
         return self.tokenizer.token_piece(token_id)
 
-    def tokenize(self, messages: Sequence[dict] | None, prompt: str) -> list[int]:
+    def tokenize(self, messages: Sequence[dict] | None, prompt: str, tools: Sequence[dict] | None = None) -> list[int]:
         if messages:
-            return self.tokenizer.encode_chat(list(messages))
+            return self.tokenizer.encode_chat(list(messages), list(tools) if tools else None)
         return self.tokenizer.encode(prompt)
+
+    def constrain(self, spec: GrammarSpec, prefix: Sequence[int] = ()) -> Constraint:
+        """A fresh grammar state for `spec` (UserError when it does not compile), past `prefix`'s tokens."""
+        if self._grammars is None:   # the tokenizer's grammar view: built once (~0.1-1 s)
+            self._grammars = GrammarCompiler(self.tokenizer.inner.to_str(), self.info.vocab_size, self.tokenizer.eos_id)
+        c = self._grammars.constraint(spec)
+        for t in prefix:
+            if not bool(c.mask()[t]):
+                raise UserError("prefix_token_ids: the continuation does not match the grammar")
+            c.consume(t)
+        return c
 
     def submit(self, request: GenRequest, sink: Sink):
         return self.batcher.submit(request, sink)

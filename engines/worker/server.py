@@ -32,6 +32,7 @@ from engines.errors import EngineError, check_room
 from engines.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from engines.requests import Closed, Event, GenRequest, Handle, QueueFull
 from engines.sampling import SamplingParams
+from engines.worker.structured import StructuredError, chat_messages, constraint_of, tools_of
 from specroute.contracts.context import temperature_bucket
 from specroute.contracts.feedback import build_record
 from specroute.contracts.limits import over_context, too_long_message
@@ -78,7 +79,10 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     """Validate + tokenize. Raises InvalidRequest with a one-line message."""
     if r.messages and r.prompt:
         raise InvalidRequest("give either messages or prompt, not both")
-    messages = [{"role": m.role, "content": m.content} for m in r.messages] or None
+    try:
+        messages, tools = chat_messages(r.messages), tools_of(r)
+    except StructuredError as exc:
+        raise InvalidRequest(str(exc)) from None
     if not messages and not r.prompt:
         raise InvalidRequest("empty prompt")
     params = sampling_from_pb(r.sampling)
@@ -96,7 +100,7 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
     if n_bytes is not None:  # cannot fit, whatever the tokenizer makes of it: refused before tokenizing
         raise InvalidRequest(too_long_message(n_bytes, backend.info.max_context))
     try:
-        ids = backend.tokenize(messages, r.prompt)
+        ids = backend.tokenize(messages, r.prompt, tools) if tools else backend.tokenize(messages, r.prompt)
     except UserError as exc:
         raise InvalidRequest(str(exc)) from None
     ctx = backend.info.max_context
@@ -113,11 +117,15 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
         ids, max_tokens = ids + prefix, max_tokens - len(prefix)
     if r.mode and r.mode not in backend.info.mode_names():
         raise InvalidRequest(f"mode {r.mode!r} is not served by this worker (modes: {', '.join(backend.info.mode_names())})")
+    try:
+        constraint = constraint_of(r, backend, prefix)
+    except StructuredError as exc:
+        raise InvalidRequest(str(exc)) from None
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
                       domain=r.domain, pool=r.pool, context=r.context, mode=r.mode,
                       temperature_bucket=r.temperature_bucket or temperature_bucket(params.temperature),
-                      prefix_len=len(prefix), prefix_chars=r.prefix_chars)
+                      prefix_len=len(prefix), prefix_chars=r.prefix_chars, constraint=constraint)
 
 
 def ready_events(ev: Event, q: asyncio.Queue[Event]) -> list[Event]:

@@ -38,6 +38,7 @@ from engines.vllm_adapter import (
 )
 from engines.worker.backend import AsyncTaskBackend, BackendInfo, TaskHandle
 from specroute.cli import DIE_WITH_PARENT_ENV
+from specroute.contracts.grammar import GrammarSpec
 from specroute.errors import UserError
 
 INSTALL_HINT = ("--engine vllm needs vLLM: pip install 'specroute[vllm]' on a GPU machine, "
@@ -133,10 +134,16 @@ class VllmBackend(AsyncTaskBackend):
         self._emitted: deque[tuple[float, int]] = deque()
         self._mal = 0.0
 
-    def tokenize(self, messages: Sequence[dict] | None, prompt: str) -> list[int]:
+    def tokenize(self, messages: Sequence[dict] | None, prompt: str, tools: Sequence[dict] | None = None) -> list[int]:
         if messages:
-            return chat_ids(self.tokenizer, messages)
+            return chat_ids(self.tokenizer, messages, tools)
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def constrain(self, spec: GrammarSpec, prefix: Sequence[int] = ()) -> GrammarSpec:
+        """vLLM enforces the grammar itself (`structured_outputs`); not on a continuation."""
+        if prefix:
+            raise UserError("a constrained continuation is not supported on a vLLM pool")
+        return spec
 
     def submit(self, request: GenRequest, sink: Sink) -> TaskHandle:
         self._admit()

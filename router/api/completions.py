@@ -36,7 +36,6 @@ from router.api.openai_wire import (
     SSE_HEADERS,
     Api,
     Collected,
-    Completion,
     classifier_input,
     decision_headers,
     finish_reason,
@@ -46,6 +45,7 @@ from router.api.openai_wire import (
     spec_object,
     sse,
 )
+from router.api.tool_calls import completion_for
 from router.api.turns import conversation_header, remember_turn, turn_of
 from router.gateway import Gateway
 from router.http.asgi import (
@@ -249,13 +249,16 @@ async def _whole(g: Gateway, ex: Exchange, ups: list[Upstream], d: Decision) -> 
     overhead = max(0.0, time.perf_counter() - ex.t0 - max(u.worker_s for u in ups))
     g.metrics.overhead_seconds.observe(overhead)
     _served(g, ex, up, col, 200)
-    out = Completion(req.api, req.rid, int(time.time()), req.body.model)
+    out = completion_for(req.api, req.rid, int(time.time()), req.body)
     lp = req.body.top_logprobs_wanted() is not None
-    choices = [out.choice("".join(c.text), f, stream=False, index=i,
-                          logprobs=logprobs_object(req.api, c.logprobs) if lp else None)
-               for i, (c, f) in enumerate(zip(cols, finishes, strict=True))]
-    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead, up.endpoint.address)],
-                  out.json("", "", col.usage(), spec_object(d, up.pool, col), choices=choices))
+    if len(cols) == 1 and not lp:
+        body = out.json("".join(col.text), finishes[0], col.usage(), spec_object(d, up.pool, col))
+    else:   # n > 1 or logprobs (never with tools: `check_structured` refuses both beside tools)
+        choices = [out.choice("".join(c.text), f, stream=False, index=i,
+                              logprobs=logprobs_object(req.api, c.logprobs) if lp else None)
+                   for i, (c, f) in enumerate(zip(cols, finishes, strict=True))]
+        body = out.json("", "", col.usage(), spec_object(d, up.pool, col), choices=choices)
+    return _Reply(200, [JSON_CONTENT_TYPE, *_headers(g, ex, up.pool, overhead, up.endpoint.address)], body)
 
 
 def _close(ups: list[Upstream], ok: bool) -> None:
@@ -315,7 +318,7 @@ async def _events(g: Gateway, ex: Exchange, ups: list[Upstream], cols: list[Coll
     req, d = ex.request, ex.decision
     assert req is not None and d is not None
     opts = req.body.stream_options
-    out = Completion(req.api, req.rid, int(time.time()), req.body.model, bool(opts and opts.include_usage))
+    out = completion_for(req.api, req.rid, int(time.time()), req.body, bool(opts and opts.include_usage))
     cork, up = conn.cork, ups[0]
     if out.api == "chat":
         await conn.emit(out.role_event(len(ups)))
@@ -329,8 +332,10 @@ async def _events(g: Gateway, ex: Exchange, ups: list[Upstream], cols: list[Coll
             await conn.emit(out.token_event(chunk.text, i, lps))
         else:
             cols[i].add(chunk)
-            if chunk.text:
-                await conn.emit(out.token_event(chunk.text, i))
+            if chunk.text:   # one choice: `token_events` (a tool-calling answer parses its text)
+                events = out.token_events(chunk.text) if len(ups) == 1 else out.token_event(chunk.text, i)
+                if events:
+                    await conn.emit(events)
         if cork is not None and not chunk.finish_reason:
             cork.uncork()
     finishes = [finish_reason(c.finish) for c in cols]

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import orjson
 
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.structured import fill_chat
 from router.http.asgi import Headers
 from router.http.errors import APIError
 from router.routing.decide import Decision
@@ -50,8 +51,7 @@ def generate_request(body: Body, request_id: str, d: Decision, choice: int = 0) 
     req = engine_pb2.GenerateRequest(request_id=request_id, domain=d.domain, context=ctx.key,
                                      temperature_bucket=ctx.temperature)
     if isinstance(body, ChatCompletionRequest):
-        for role, content in body.wire_messages():
-            req.messages.add(role=role, content=content)
+        fill_chat(req, body)   # messages, tools and grammar (router/api/structured.py)
     else:
         req.prompt = body.prompt_text()
     sp = req.sampling
@@ -236,6 +236,10 @@ class Completion:
             template = self.event([self.choice(_MARK, None, stream=True)])
             self._token_head, self._token_tail = template.rsplit(orjson.dumps(_MARK), 1)
         return self._token_head + orjson.dumps(text) + self._token_tail
+
+    def token_events(self, text: str) -> bytes:
+        """The events of one piece of the model's text (`router.api.tool_calls.ToolCompletion` parses it)."""
+        return self.token_event(text)
 
     def last_events(self, finish: str | list[str], usage: dict[str, int], spec: dict[str, Any]) -> bytes:
         """The finishing event of each choice (the last with `specroute`, or followed by the usage

@@ -2,13 +2,15 @@
 
 Nothing is silently ignored. Every parameter is honoured, or has nothing to honour (bookkeeping:
 `user`, `metadata`, `service_tier`, ...: `NO_EFFECT`), or is rejected with a 400 that names it by
-`check_supported`: parameters we cannot honour (`best_of > 1`, tools, token-id prompts, presence and
+`check_supported`: parameters we cannot honour (`best_of > 1`, legacy `functions`, token-id prompts, presence and
 frequency penalties other than 0, `logit_bias`, `top_k`, ...) and parameters the OpenAI schema does
 not have (as OpenAI does: "unrecognized request argument").
 
 `n` (at most `MAX_N`) is served by one worker call per choice, choice i seeded with `seed + i` when
 a seed is given; `logprobs` are the target's (engines/logprobs.py): chat's `logprobs: true` with
 `top_logprobs` 0..20, legacy completions' `logprobs` 0..5 (the number of top tokens).
+
+`tools`, `tool_choice` and `response_format` are checked by router/api/structured.py (`check_structured`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from router.api.structured import check_structured
 from router.http.errors import APIError
 from specroute.contracts.limits import MAX_STOP_CHARS
 
@@ -40,6 +43,8 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None   # an assistant turn's calls (router/api/structured.py)
+    tool_call_id: str | None = None                  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -170,8 +175,7 @@ class ChatCompletionRequest(_Sampling):
             if not self.logprobs:
                 raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs",
                                code="invalid_value")
-        if self.tools:
-            raise APIError(400, "tools are not supported", param="tools", code="unsupported_parameter")
+        check_structured(self)   # response_format, tools, tool_choice, tool calls and tool messages
         if self.functions or self.function_call not in (None, "none"):
             param = "functions" if self.functions else "function_call"
             raise APIError(400, f"{param} (the legacy form of tools) is not supported", param=param,
@@ -179,13 +183,7 @@ class ChatCompletionRequest(_Sampling):
         if self.modalities is not None and self.modalities != ["text"]:
             raise APIError(400, "modalities: only [\"text\"] is supported", param="modalities",
                            code="unsupported_parameter")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError(400, "only response_format type 'text' is supported", param="response_format",
-                           code="unsupported_parameter")
         for i, m in enumerate(self.messages):
-            if m.role == "tool":
-                raise APIError(400, "tool messages are not supported", param=f"messages.{i}.role",
-                               code="unsupported_parameter")
             reject_null_bytes(m.text(), f"messages.{i}.content")
         if not any(m.role == "user" for m in self.messages) and not any(m.text() for m in self.messages):
             raise APIError(400, "messages must contain some text", param="messages", code="invalid_value")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specroute/v1/engine.proto\x12\x0cspecroute.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"T\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x10\n\x08has_seed\x18\x03 \x01(\x08\x12\x0c\n\x04seed\x18\x04 \x01(\x03\"\x8d\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.specroute.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.specroute.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x0e\n\x06\x64omain\x18\x07 \x01(\t\x12\x0c\n\x04pool\x18\x08 \x01(\t\x12\x14\n\x0c\x64isable_dcut\x18\t \x01(\x08\x12\x10\n\x08\x63oalesce\x18\n \x01(\x08\x12\x0f\n\x07\x63ontext\x18\x0b \x01(\t\x12\x0c\n\x04mode\x18\x0c \x01(\t\x12\x1a\n\x12temperature_bucket\x18\x14 \x01(\t\x12\x18\n\x10prefix_token_ids\x18\x1e \x03(\x05\x12\x14\n\x0cprefix_chars\x18\x1f \x01(\x05\x12\x10\n\x08logprobs\x18\x32 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x33 \x01(\x05\"~\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12\x0f\n\x07logprob\x18\x04 \x01(\x01\x12\'\n\x03top\x18\x05 \x03(\x0b\x32\x1a.specroute.v1.TokenLogprob\"\x86\x02\n\tSpecStats\x12\x16\n\x0e\x64rafted_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x1c\n\x14mean_accepted_length\x18\x04 \x01(\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\x03\x12\x45\n\x10steps_by_drafter\x18\x06 \x03(\x0b\x32+.specroute.v1.SpecStats.StepsByDrafterEntry\x1a\x35\n\x13StepsByDrafterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xf4\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12&\n\x05stats\x18\x06 \x01(\x0b\x32\x17.specroute.v1.SpecStats\x12\x11\n\ttoken_ids\x18\x07 \x03(\x05\x12,\n\x08logprobs\x18\x32 \x03(\x0b\x32\x1a.specroute.v1.TokenLogprob\x12\x0f\n\x07ttft_ms\x18\x14 \x01(\x01\"\r\n\x0bInfoRequest\"\xfa\x01\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\x13\n\x0bmax_running\x18\x06 \x01(\x05\x12\x13\n\x0bmax_waiting\x18\x07 \x01(\x05\x12\x0c\n\x04\x64\x63ut\x18\x08 \x01(\x08\x12\x0f\n\x07version\x18\t \x01(\t\x12\x1c\n\x14\x63ompute_bound_tokens\x18\n \x01(\x01\x12\'\n\x05modes\x18\x0b \x03(\x0b\x32\x18.specroute.v1.EngineMode\"A\n\nEngineMode\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\x05\"\r\n\x0bLoadRequest\"\xb8\x01\n\x0cLoadResponse\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_usage\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x01\x12\x13\n\x0bmax_running\x18\x06 \x01(\x05\x12\x14\n\x0c\x64\x63ut_enabled\x18\x07 \x01(\x08\x12\x12\n\nkept_ratio\x18\x08 \x01(\x01\"!\n\x0eSetDcutRequest\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x32\xdd\x02\n\x06\x45ngine\x12H\n\x08Generate\x12\x1d.specroute.v1.GenerateRequest\x1a\x1b.specroute.v1.GenerateChunk0\x01\x12\x46\n\x08\x43omplete\x12\x1d.specroute.v1.GenerateRequest\x1a\x1b.specroute.v1.GenerateChunk\x12=\n\x04Info\x12\x19.specroute.v1.InfoRequest\x1a\x1a.specroute.v1.InfoResponse\x12=\n\x04Load\x12\x19.specroute.v1.LoadRequest\x1a\x1a.specroute.v1.LoadResponse\x12\x43\n\x07SetDcut\x12\x1c.specroute.v1.SetDcutRequest\x1a\x1a.specroute.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specroute/v1/engine.proto\x12\x0cspecroute.v1\"i\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x17\n\x0ftool_calls_json\x18( \x01(\t\x12\x14\n\x0ctool_call_id\x18) \x01(\t\x12\x0c\n\x04name\x18* \x01(\t\"T\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x10\n\x08has_seed\x18\x03 \x01(\x08\x12\x0c\n\x04seed\x18\x04 \x01(\x03\"\xb2\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.specroute.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.specroute.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x0e\n\x06\x64omain\x18\x07 \x01(\t\x12\x0c\n\x04pool\x18\x08 \x01(\t\x12\x14\n\x0c\x64isable_dcut\x18\t \x01(\x08\x12\x10\n\x08\x63oalesce\x18\n \x01(\x08\x12\x0f\n\x07\x63ontext\x18\x0b \x01(\t\x12\x0c\n\x04mode\x18\x0c \x01(\t\x12\x1a\n\x12temperature_bucket\x18\x14 \x01(\t\x12\x18\n\x10prefix_token_ids\x18\x1e \x03(\x05\x12\x14\n\x0cprefix_chars\x18\x1f \x01(\x05\x12\x0f\n\x07grammar\x18( \x01(\t\x12\x12\n\ntools_json\x18) \x01(\t\x12\x10\n\x08logprobs\x18\x32 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x33 \x01(\x05\"~\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12\x0f\n\x07logprob\x18\x04 \x01(\x01\x12\'\n\x03top\x18\x05 \x03(\x0b\x32\x1a.specroute.v1.TokenLogprob\"\x86\x02\n\tSpecStats\x12\x16\n\x0e\x64rafted_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x1c\n\x14mean_accepted_length\x18\x04 \x01(\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\x03\x12\x45\n\x10steps_by_drafter\x18\x06 \x03(\x0b\x32+.specroute.v1.SpecStats.StepsByDrafterEntry\x1a\x35\n\x13StepsByDrafterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xf4\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x05\x12&\n\x05stats\x18\x06 \x01(\x0b\x32\x17.specroute.v1.SpecStats\x12\x11\n\ttoken_ids\x18\x07 \x03(\x05\x12,\n\x08logprobs\x18\x32 \x03(\x0b\x32\x1a.specroute.v1.TokenLogprob\x12\x0f\n\x07ttft_ms\x18\x14 \x01(\x01\"\r\n\x0bInfoRequest\"\xfa\x01\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x13\n\x0bmax_context\x18\x05 \x01(\x05\x12\x13\n\x0bmax_running\x18\x06 \x01(\x05\x12\x13\n\x0bmax_waiting\x18\x07 \x01(\x05\x12\x0c\n\x04\x64\x63ut\x18\x08 \x01(\x08\x12\x0f\n\x07version\x18\t \x01(\t\x12\x1c\n\x14\x63ompute_bound_tokens\x18\n \x01(\x01\x12\'\n\x05modes\x18\x0b \x03(\x0b\x32\x18.specroute.v1.EngineMode\"A\n\nEngineMode\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\x05\"\r\n\x0bLoadRequest\"\xb8\x01\n\x0cLoadResponse\x12\x0f\n\x07running\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_usage\x18\x03 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x1c\n\x14mean_accepted_length\x18\x05 \x01(\x01\x12\x13\n\x0bmax_running\x18\x06 \x01(\x05\x12\x14\n\x0c\x64\x63ut_enabled\x18\x07 \x01(\x08\x12\x12\n\nkept_ratio\x18\x08 \x01(\x01\"!\n\x0eSetDcutRequest\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x32\xdd\x02\n\x06\x45ngine\x12H\n\x08Generate\x12\x1d.specroute.v1.GenerateRequest\x1a\x1b.specroute.v1.GenerateChunk0\x01\x12\x46\n\x08\x43omplete\x12\x1d.specroute.v1.GenerateRequest\x1a\x1b.specroute.v1.GenerateChunk\x12=\n\x04Info\x12\x19.specroute.v1.InfoRequest\x1a\x1a.specroute.v1.InfoResponse\x12=\n\x04Load\x12\x19.specroute.v1.LoadRequest\x1a\x1a.specroute.v1.LoadResponse\x12\x43\n\x07SetDcut\x12\x1c.specroute.v1.SetDcutRequest\x1a\x1a.specroute.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,31 +34,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._loaded_options = None
   _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._serialized_options = b'8\001'
   _globals['_CHATMESSAGE']._serialized_start=43
-  _globals['_CHATMESSAGE']._serialized_end=87
-  _globals['_SAMPLINGPARAMS']._serialized_start=89
-  _globals['_SAMPLINGPARAMS']._serialized_end=173
-  _globals['_GENERATEREQUEST']._serialized_start=176
-  _globals['_GENERATEREQUEST']._serialized_end=573
-  _globals['_TOKENLOGPROB']._serialized_start=575
-  _globals['_TOKENLOGPROB']._serialized_end=701
-  _globals['_SPECSTATS']._serialized_start=704
-  _globals['_SPECSTATS']._serialized_end=966
-  _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._serialized_start=913
-  _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._serialized_end=966
-  _globals['_GENERATECHUNK']._serialized_start=969
-  _globals['_GENERATECHUNK']._serialized_end=1213
-  _globals['_INFOREQUEST']._serialized_start=1215
-  _globals['_INFOREQUEST']._serialized_end=1228
-  _globals['_INFORESPONSE']._serialized_start=1231
-  _globals['_INFORESPONSE']._serialized_end=1481
-  _globals['_ENGINEMODE']._serialized_start=1483
-  _globals['_ENGINEMODE']._serialized_end=1548
-  _globals['_LOADREQUEST']._serialized_start=1550
-  _globals['_LOADREQUEST']._serialized_end=1563
-  _globals['_LOADRESPONSE']._serialized_start=1566
-  _globals['_LOADRESPONSE']._serialized_end=1750
-  _globals['_SETDCUTREQUEST']._serialized_start=1752
-  _globals['_SETDCUTREQUEST']._serialized_end=1785
-  _globals['_ENGINE']._serialized_start=1788
-  _globals['_ENGINE']._serialized_end=2137
+  _globals['_CHATMESSAGE']._serialized_end=148
+  _globals['_SAMPLINGPARAMS']._serialized_start=150
+  _globals['_SAMPLINGPARAMS']._serialized_end=234
+  _globals['_GENERATEREQUEST']._serialized_start=237
+  _globals['_GENERATEREQUEST']._serialized_end=671
+  _globals['_TOKENLOGPROB']._serialized_start=673
+  _globals['_TOKENLOGPROB']._serialized_end=799
+  _globals['_SPECSTATS']._serialized_start=802
+  _globals['_SPECSTATS']._serialized_end=1064
+  _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._serialized_start=1011
+  _globals['_SPECSTATS_STEPSBYDRAFTERENTRY']._serialized_end=1064
+  _globals['_GENERATECHUNK']._serialized_start=1067
+  _globals['_GENERATECHUNK']._serialized_end=1311
+  _globals['_INFOREQUEST']._serialized_start=1313
+  _globals['_INFOREQUEST']._serialized_end=1326
+  _globals['_INFORESPONSE']._serialized_start=1329
+  _globals['_INFORESPONSE']._serialized_end=1579
+  _globals['_ENGINEMODE']._serialized_start=1581
+  _globals['_ENGINEMODE']._serialized_end=1646
+  _globals['_LOADREQUEST']._serialized_start=1648
+  _globals['_LOADREQUEST']._serialized_end=1661
+  _globals['_LOADRESPONSE']._serialized_start=1664
+  _globals['_LOADRESPONSE']._serialized_end=1848
+  _globals['_SETDCUTREQUEST']._serialized_start=1850
+  _globals['_SETDCUTREQUEST']._serialized_end=1883
+  _globals['_ENGINE']._serialized_start=1886
+  _globals['_ENGINE']._serialized_end=2235
 # @@protoc_insertion_point(module_scope)

@@ -7,12 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls_json", "tool_call_id", "name")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls_json: str
+    tool_call_id: str
+    name: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "has_seed", "seed")
@@ -27,7 +33,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "temperature_bucket", "prefix_token_ids", "prefix_chars", "logprobs", "top_logprobs")
+    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "temperature_bucket", "prefix_token_ids", "prefix_chars", "grammar", "tools_json", "logprobs", "top_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +49,8 @@ class GenerateRequest(_message.Message):
     TEMPERATURE_BUCKET_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CHARS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -60,9 +68,11 @@ class GenerateRequest(_message.Message):
     temperature_bucket: str
     prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prefix_chars: int
+    grammar: str
+    tools_json: str
     logprobs: bool
     top_logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., temperature_bucket: _Optional[str] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., prefix_chars: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., temperature_bucket: _Optional[str] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., prefix_chars: _Optional[int] = ..., grammar: _Optional[str] = ..., tools_json: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "token_bytes", "logprob", "top")
