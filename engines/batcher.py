@@ -108,6 +108,8 @@ class Batcher:
         self.kept_fraction_sum = 0.0      # sum over those of D-Cut's kept fraction (1.0 when off)
         self.verify_groups = 0            # extra verify forwards D-Cut's depth grouping added
         self.probe_steps = 0              # D-Cut probes: a few rows drafted while plain steps win
+        self.dcut_cut_steps = 0           # drafted steps where D-Cut left drafts unverified
+        self.dcut_cut_drafts = 0          # the drafts it left unverified (within the rows' limits)
         self.rows_drafted = 0             # rows verified with >= 1 draft (vLLM's num_drafts)
         self.decode_steps = 0
         self.accepted_total = 0           # drafts accepted (vLLM's num_accepted_tokens)
@@ -322,6 +324,10 @@ class Batcher:
         elif res.kept_fraction is not None:
             self.draft_steps += 1
             self.kept_fraction_sum += res.dcut_kept_fraction
+            if res.dcut_cut:
+                self.dcut_cut_steps += 1
+                self.dcut_cut_drafts += res.dcut_cut
+                self.observer.on_dcut_cut(res.dcut_cut)
         if res.verified_drafts:
             self.rows_drafted += sum(1 for kp in res.keep if kp > 0)
             self.accepted_total += sum(res.accepted)

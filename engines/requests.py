@@ -101,6 +101,9 @@ class BatcherObserver:
 
     def on_step(self, keep: Sequence[int], accepted: Sequence[int], kept_fraction: float | None) -> None: ...
 
+    def on_dcut_cut(self, drafts: int) -> None:
+        """A drafted step where D-Cut left `drafts` (> 0) drafts unverified that the rows' limits allowed."""
+
     def on_tokens(self, n: int) -> None: ...
 
     def on_load(self, running: int, waiting: int) -> None: ...

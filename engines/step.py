@@ -38,6 +38,7 @@ class StepResult:
     kept_fraction: float | None       # verified / drafted positions (None: plain step or probe)
     drafted: list[int]                # rows whose per-row drafting record this step updates
     dcut_kept_fraction: float = 1.0   # D-Cut's chosen kept fraction (1.0 without D-Cut)
+    dcut_cut: int = 0                 # drafts D-Cut left unverified that the rows' limits allowed
     extra_forwards: int = 0           # verify forwards beyond the first (D-Cut's depth groups)
     probe: bool = False
 
@@ -81,6 +82,7 @@ class VerifyPlan:
     K: int                              # drafted width (0: a plain step)
     selection: Selection | None = None  # D-Cut's choice (None: D-Cut off or a plain step)
     raw: np.ndarray | None = None       # [B, K] D-Cut's raw prefix products (for `observe`)
+    cut: int = 0                        # drafts D-Cut left unverified that the rows' limits allowed
 
     @property
     def kept_fraction(self) -> float | None:
@@ -97,17 +99,16 @@ def plan_verify(proposal: Proposal | None, remaining: Sequence[int], dcut: DcutC
     if proposal is None:
         return VerifyPlan([0] * B, [list(range(B))], 0)
     K = int(proposal.tokens.shape[1])
-    keep = proposal.limits()
-    sel, raw = None, None
+    limits = [max(0, min(kp, r - 1)) for kp, r in zip(proposal.limits(), remaining, strict=True)]
+    keep, sel, raw = limits, None, None
     if dcut is not None:
         cond = proposal.conditioned.tolist() if proposal.conditioned is not None else None
         sel, raw = dcut.select(proposal.conf.detach().float().cpu().numpy(), forced, cond)
-        keep = [min(a, b) for a, b in zip(sel.keep, keep, strict=True)]
-    keep = [max(0, min(kp, r - 1)) for kp, r in zip(keep, remaining, strict=True)]
+        keep = [min(a, b) for a, b in zip(sel.keep, limits, strict=True)]
     groups = sel.groups if sel is not None and len(sel.groups) > 1 else [list(range(B))]
     if sel is None and proposal.widths is not None:   # rows of several modes
         groups = width_groups(keep, K, compute_bound_tokens)
-    return VerifyPlan(keep, groups, K, sel, raw)
+    return VerifyPlan(keep, groups, K, sel, raw, sum(limits) - sum(keep))
 
 
 def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, k_max: int,
@@ -127,7 +128,7 @@ def drafted_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int
                      overhead_ms=(t1 - t0) * 1000.0 if steady else None, verify_ms=(t2 - t1) * 1000.0, sel=sel,
                      buckets=buckets_of(decoder, slots))
     return StepResult(out, keep, plan.kept_fraction, [i for i, kp in enumerate(keep) if kp > 0],
-                      sel.kept_fraction if sel is not None else 1.0, len(plan.groups) - 1)
+                      sel.kept_fraction if sel is not None else 1.0, plan.cut, len(plan.groups) - 1)
 
 
 def probe_step(decoder: SpecDecoder, slots: list[int], remaining: Sequence[int], k: int, picked: list[int],

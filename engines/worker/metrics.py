@@ -33,6 +33,10 @@ class WorkerMetrics(BatcherObserver):
         self.generation_tokens = Counter("specroute_generation_tokens", "Output tokens emitted", registry=r)
         self.kept_ratio = Histogram("specroute_dcut_kept_ratio", "Fraction of drafted tokens verified per step",
                                     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
+        self.dcut_cut_steps = Counter("specroute_dcut_cut_steps", "Drafted steps where D-Cut left drafts unverified",
+                                      registry=r)
+        self.dcut_cut_drafts = Counter("specroute_dcut_cut_drafts",
+                                       "Drafts D-Cut left unverified (within the rows' limits)", registry=r)
         self.requests = Counter("specroute_worker_requests", "Finished requests by finish reason",
                                 ["finish_reason"], registry=r)
         self.redis_errors = Counter("specroute_redis_errors", "Feedback writes lost (Redis down or queue full)",
@@ -53,6 +57,10 @@ class WorkerMetrics(BatcherObserver):
             for i in range(min(a, len(self._pos))):
                 self._pos[i].inc()
         self.kept_ratio.observe(kept_fraction)
+
+    def on_dcut_cut(self, drafts: int) -> None:
+        self.dcut_cut_steps.inc()
+        self.dcut_cut_drafts.inc(drafts)
 
     def on_tokens(self, n: int) -> None:
         if n:

@@ -36,3 +36,18 @@ def test_rare_tuples_back_off_to_their_prefix():
     a = Counter({(1, i, j): 1 for i in range(20) for j in range(20)} | {(2, i, j): 1 for i in range(10) for j in range(10)})
     b = Counter({(2, i, j): 1 for i in range(20) for j in range(20)} | {(1, i, j): 1 for i in range(10) for j in range(10)})
     assert homogeneity_p(a, b) < 1e-6 and homogeneity_p(a, Counter(a)) == pytest.approx(1.0)
+
+
+def test_combined_power_and_detectable_shift():
+    """Summed chi-square statistics give one p-value; the power against a second-token shift grows
+    with the shift and the sample size, and the detectable shift is where it reaches 0.9."""
+    from bench.exactness import combined_p, detectable_shift, power, shift_second
+
+    assert combined_p([(0.0, 3), (1.0, 2)]) > 0.95 and combined_p([(40.0, 3), (30.0, 2)]) < 1e-6
+    ref = Counter({(1, 2, 3): 500, (1, 4, 3): 300, (2, 2, 2): 200})
+    q = shift_second(ref, 0.05)
+    assert sum(q.values()) == pytest.approx(1.0)
+    assert q[(1, 2, 3)] == pytest.approx(0.5 + 0.05 * 0.8) and q[(2, 2, 2)] == pytest.approx(0.2)
+    assert power([ref], 2000, 1e-3, 0.02) < power([ref], 2000, 1e-3, 0.05) < power([ref], 8000, 1e-3, 0.05)
+    d = detectable_shift([ref], 2000, 1e-3)
+    assert 0.0 < d < 0.5 and power([ref], 2000, 1e-3, d) >= 0.9

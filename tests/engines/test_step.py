@@ -80,3 +80,18 @@ def test_verify_groups_run_one_forward_per_group():
     assert out == [[7, 7, 1], [1], [7, 1]]
     assert dec.verifies == [([0, 2], True, [3, 1]), ([1], True, [3])]
     assert rows_of(None, [0]) is None and rows_of(prop, [2]).tokens.shape == (1, 3)
+
+
+def test_plan_counts_the_drafts_dcut_cut_within_the_rows_limits():
+    """`VerifyPlan.cut` (the worker's `specroute_dcut_cut_*` counters): the drafts the rows' limits
+    allowed that D-Cut left unverified; none without D-Cut, and a limit is no cut."""
+    from engines.step import plan_verify
+
+    conf = torch.tensor([[0.9, 0.9, 0.9, 0.9], [0.05, 0.05, 0.05, 0.05]])
+    prop = Proposal(torch.full((2, 4), 7), conf)
+    plain = plan_verify(prop, [10, 3], None, [False, False])
+    assert plain.keep == [4, 2] and plain.cut == 0
+    steep = CostTable.linear(4, base_ms=0.1, per_token_ms=5.0, batch_sizes=(1, 2, 4))
+    dcut = DcutController(steep, 4)
+    plan = plan_verify(prop, [10, 3], dcut, [False, False])
+    assert plan.cut == sum(plain.keep) - sum(plan.keep) and plan.cut > 0, plan.keep
