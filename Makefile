@@ -17,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos soak fuzz lint proto chart manifest clean
+.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos soak exactness-served fuzz lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -114,6 +114,11 @@ chaos: install
 # an RSS drift over 10%)
 soak: install
 	$(BIN)/specroute bench soak --minutes 10 --out bench/results/chaos.json
+
+# the served-path exactness histograms at full size (gateway -> D-Cut, MTP, DFly, EAGLE-3 and AR pools,
+# 2,000 samples per prompt and temperature): 9-11 minutes on 2 idle cores, outside `make test`'s budget
+exactness-served: install
+	SPECROUTE_EXACTNESS_SAMPLES=2000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_served_exactness.py
 
 # property-based fuzzing of /v1/* and /admin/* (schemathesis): bench/results/fuzz.json, fails on any 5xx or hang
 fuzz: install
