@@ -43,8 +43,9 @@ def gateway(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     env = {**os.environ, "SPECROUTE_ADMIN_TOKEN": "e2e-admin-token-0123456789"}
     env.pop("REDIS_URL", None)
     with open(log, "wb") as out:
+        # --no-dcut: D-Cut's first start on a bundle measures its cost profile (minutes on this target)
         proc = subprocess.Popen([sys.executable, "-m", "specroute.cli", "serve", "--model", str(bundle),
-                                 "--port", str(port)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 "--port", str(port), "--no-dcut"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
 
