@@ -374,6 +374,7 @@ def block_soak(ctx: Ctx) -> list[str]:
 BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "target": block_target,
     "acceptance": block_acceptance,
+    "acceptance-smollm2": block_acceptance_smollm2,
     "serving": block_serving,
     "routing": block_routing,
     "gateway": block_gateway,

@@ -233,7 +233,8 @@ def acceptance_section(path: Path) -> list[str]:
     for r in rows:
         name = DRAFTERS[r["drafter"]].label(r["k"]) if r["drafter"] in DRAFTERS else r["drafter"]
         cells.setdefault((name, r["domain"]), {})[float(r["temperature"])] = r
-    out = ["## Acceptance on held-out prompts (`bench/results/acceptance.json`, batch 1)", "",
+    name = "/".join(path.parts[path.parts.index("results") + 1:]) if "results" in path.parts else path.name
+    out = [f"## Acceptance on held-out prompts (`bench/results/{name}`, batch 1)", "",
            "Mean accepted length per verification step (bonus included) / decode speedup over AR at the same "
            "temperature in the same run (median over prompts). At T > 0 drafts are sampled from the drafter's q. "
            "Lossless: outputs token-identical to AR at T=0.", "",
