@@ -29,6 +29,8 @@ from engines.training.distill import (
     concat,
     forward_features,
     pick_prompts,
+    pick_references,
+    reference_set,
     set_key,
 )
 from engines.training.recipe import DrafterPreset
@@ -92,7 +94,9 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     domain's prompts, answers sampled at `sampled_temperature` (cached apart, so the greedy set is
     shared by recipes that differ only in the mix). The held-out set stays greedy (T=0 reporting).
     With `store` (the recipe's `keep_data`: the bundle's `selfdistill/`), the train set's token
-    sequences are kept there too, so a fresh machine recomputes only their features."""
+    sequences are kept there too, so a fresh machine recomputes only their features. With
+    `reference_per_domain`, that many train prompts per domain also bring their source's reference
+    answer, read by the target teacher-forced (`distill.reference_set`): more text for one forward each."""
     fp = target_fingerprint(target)
     key = set_key(fp, p.max_prompt, p.max_new, p.seed, layers)   # what every cached part shares
     prompts = pick_prompts("train", p.per_domain, p.seed)
@@ -118,6 +122,16 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
 
         parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled, refeature,
                                    store))
+    if p.reference_per_domain:
+        refs = pick_references(p.reference_per_domain, p.seed)
+        rkey = set_key(fp, p.max_prompt, p.max_new, p.seed, layers, "reference")
+
+        def reference(chunk: list, domain: str, start: int) -> tuple[DistillSet, Features]:
+            data = reference_set(tok, chunk, p.max_prompt, p.max_new)
+            return data, refeature(data)
+
+        parts.append(cached_chunks(work / f"reference_{rkey}", {d: [q for q in refs if q.domain == d] for d in DOMAINS},
+                                   p.gen_chunk, reference, refeature))
     train, train_f = concat(parts)
     hkey = set_key(fp, p.heldout_per_domain, p.max_prompt, p.max_new, p.seed, layers)
     held, held_f = cached_data(work / f"heldout_{hkey}", lambda: build_set(

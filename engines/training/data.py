@@ -77,7 +77,8 @@ def load_prompts(split: str = "train", root: Path | None = None) -> list[Prompt]
     return sorted(out, key=lambda p: p.id)
 
 
-def _reply_for(p: Prompt) -> str:
+def reply_for(p: Prompt) -> str:
+    """The source's reference answer to `p` as an assistant would write it ("" when it has none)."""
     ref = p.reference.strip()
     if p.source == "humaneval":  # reference is the body of the prompt's function
         return "```python\n" + p.prompt.rstrip() + "\n" + p.reference.rstrip() + "\n```"
@@ -116,9 +117,21 @@ def corpus_docs(root: Path | None = None) -> Iterator[Doc]:
             yield Doc(r["id"], domain, format_chat(turns) if turns else text)
 
 
+def corpus_pairs(root: Path | None = None) -> Iterator[Prompt]:
+    """Each corpus conversation's first user turn as a prompt, with its first reply as the reference
+    (domain as `corpus_docs` gives it)."""
+    root = (root or data_dir()) / "corpus"
+    for path in sorted(root.glob("*.jsonl")):
+        for r in read_jsonl(path):
+            turns = conversation_turns(r["text"].strip())
+            if turns and turns[0]["role"] == "user" and turns[1]["role"] == "assistant":
+                domain = "math" if "matheducators" in r.get("url", "") + r.get("question_url", "") else "chat"
+                yield Prompt(r["id"], r.get("source", path.stem), domain, turns[0]["content"], turns[1]["content"])
+
+
 def prompt_docs(root: Path | None = None) -> Iterator[Doc]:
     for p in load_prompts("all", root):
-        reply = _reply_for(p)
+        reply = reply_for(p)
         if reply:
             msgs = [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": reply}]
             yield Doc(p.id, p.domain, format_chat(msgs))

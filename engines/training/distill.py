@@ -13,6 +13,11 @@ forwards, so no second pass is needed; token sequences (JSON) and features (bf16
 under the work directory and shared by the drafters. The final hidden state is also the teacher of
 the soft-target losses: the target's full next-token distribution at any temperature is
 `softmax(lm_head(final) / T)`, so nothing else (no top-k probabilities) needs caching.
+
+Reference answers (`reference_set`) widen the text cheaply: a source's answer to a train prompt (or a
+corpus conversation's first reply) read by the target teacher-forced. The text is not the target's,
+but every position's teacher is still the target's own distribution there, so what the drafter learns
+is the target's next token given the target's features, over far more contexts than generation affords.
 """
 
 from __future__ import annotations
@@ -29,13 +34,16 @@ from tqdm import tqdm
 
 from engines.model import KVCache, Transformer
 from engines.tokenizer import Tokenizer
-from engines.training.data import DOMAINS, Prompt, load_prompts
+from engines.training.data import DOMAINS, Prompt, corpus_pairs, load_prompts, reply_for
+
+REFERENCE = -1.0   # `DistillSet.temperatures` value of a reference answer (teacher-forced text)
 
 
 @dataclass
 class DistillSet:
-    """Prompt + target response token sequences (`temperatures[i]`: what response i was sampled at,
-    0 = greedy; empty in sets cached before sampled responses existed, which are all greedy)."""
+    """Prompt + response token sequences (`temperatures[i]`: what response i was sampled at, 0 =
+    greedy, REFERENCE = a source's reference answer, not the target's; empty in sets cached before
+    sampled responses existed, which are all greedy)."""
 
     ids: list[str]
     domains: list[str]
@@ -69,15 +77,26 @@ class Features:
 
 def pick_prompts(split: str, per_domain: int, seed: int, root: Path | None = None) -> list[Prompt]:
     """`per_domain` prompts of each domain from `split`, a fixed random sample."""
+    return _sample(load_prompts(split, root), per_domain, seed)
+
+
+def pick_references(per_domain: int, seed: int, min_chars: int = 80, root: Path | None = None) -> list[Prompt]:
+    """`per_domain` items of each domain with a reference answer of at least `min_chars` characters, a
+    fixed random sample of the train prompts' references and the corpus conversations' first replies."""
+    pool = [p for p in [*load_prompts("train", root), *corpus_pairs(root)] if len(reply_for(p).strip()) >= min_chars]
+    return _sample(pool, per_domain, seed)
+
+
+def _sample(items: list[Prompt], per_domain: int, seed: int) -> list[Prompt]:
     by_dom: dict[str, list[Prompt]] = {d: [] for d in DOMAINS}
-    for p in load_prompts(split, root):
+    for p in items:
         by_dom.setdefault(p.domain, []).append(p)
     rng = random.Random(seed)
     out: list[Prompt] = []
     for d in DOMAINS:
-        items = list(by_dom[d])
-        rng.shuffle(items)
-        out += items[:per_domain]
+        group = list(by_dom[d])
+        rng.shuffle(group)
+        out += group[:per_domain]
     return out
 
 
@@ -183,6 +202,22 @@ def build_set(target: Transformer, tok: Tokenizer, prompts: list[Prompt], max_pr
     )
     assert feats is not None
     return data, pack_features(feats, layers, target.config.hidden_size)
+
+
+def reference_set(tok: Tokenizer, prompts: list[Prompt], max_prompt: int, max_new: int) -> DistillSet:
+    """Prompts followed by their source's reference answer as the
+    assistant turn (cut at `max_new` tokens, else ended by EOS): text the target reads teacher-forced, so its features and its distribution at every
+    position come from one forward each (`forward_features`) instead of a generation. Prompts without a
+    reference, or longer than `max_prompt`, are left out; ids carry `@ref`."""
+    kept = [(p, reply_for(p)) for p in prompts]
+    kept = [(p, r) for p, r in kept if r.strip()]
+    enc = tok.encode_batch([tok.format_chat([{"role": "user", "content": p.prompt}]) for p, _ in kept])
+    ans = tok.encode_batch([r for _, r in kept])
+    rows = [(p, e, a[:max_new] if len(a) >= max_new else a + [tok.eos_id])
+            for (p, _), e, a in zip(kept, enc, ans, strict=True) if 0 < len(e) <= max_prompt]
+    return DistillSet(ids=[p.id + "@ref" for p, _, _ in rows], domains=[p.domain for p, _, _ in rows],
+                      prompt_lens=[len(e) for _, e, _ in rows], tokens=[e + a for _, e, a in rows],
+                      temperatures=[REFERENCE] * len(rows))
 
 
 def pack_features(rows: list[Tensor], layers: list[int], hidden: int) -> Features:

@@ -10,7 +10,7 @@ from pathlib import Path
 from engines.drafters.base import Drafter
 from engines.drafters.registry import DRAFTERS
 from engines.training.data import DOMAINS
-from engines.training.distill import DistillSet
+from engines.training.distill import REFERENCE, DistillSet
 from engines.training.losses import objective_for
 from engines.training.recipe import DrafterPreset
 
@@ -60,6 +60,9 @@ def data_source(data: DistillSet) -> str:
     temps = [data.temperature(i) for i in range(len(data))]
     sampled = {t: temps.count(t) for t in sorted(set(temps)) if t > 0}
     extra = "".join(f" + {n} responses sampled at T={t:g}" for t, n in sampled.items())
+    refs = temps.count(REFERENCE)
+    if refs:
+        extra += f" + {refs} sources' reference answers read teacher-forced"
     return f"target's own greedy responses to train prompts{extra} (self-distillation)"
 
 

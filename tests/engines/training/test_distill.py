@@ -114,3 +114,34 @@ def test_stored_tokens_come_back_with_their_features_without_generating(tmp_path
     torch.testing.assert_close(fa.offsets, ff.offsets)
     torch.testing.assert_close(fa.captured.float(), ff.captured.float(), atol=0.05, rtol=0.02)
     torch.testing.assert_close(fa.final.float(), ff.final.float(), atol=0.05, rtol=0.02)
+
+
+def test_reference_answers_are_teacher_forced_turns_from_prompts_and_corpus(tmp_path, data_dir):
+    from engines.tokenizer import Tokenizer
+    from engines.training.data import corpus_pairs, reply_for
+    from engines.training.distill import REFERENCE, pick_references, reference_set
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (tmp_path / "prompts").symlink_to(data_dir / "prompts")
+    (corpus / "chats.jsonl").write_text(
+        '{"id": "c/1", "source": "c", "text": "User: Why is the sky blue?\\nAssistant: ' + "Rayleigh scattering. " * 8
+        + '\\nUser: thanks\\nAssistant: welcome"}\n{"id": "c/2", "source": "c", "text": "a plain document"}\n')
+    pairs = list(corpus_pairs(tmp_path))
+    assert [(p.id, p.domain, p.prompt) for p in pairs] == [("c/1", "chat", "Why is the sky blue?")]
+    assert pairs[0].reference.startswith("Rayleigh scattering.") and "thanks" not in pairs[0].reference
+
+    two, three = pick_references(2, 0, root=tmp_path), pick_references(3, 0, root=tmp_path)
+    for d in ("chat", "code", "math"):   # prefix-stable: a larger sample extends a smaller one
+        small, large = [p.id for p in two if p.domain == d], [p.id for p in three if p.domain == d]
+        assert small and large[:len(small)] == small
+    assert all(len(reply_for(p).strip()) >= 80 for p in three)
+
+    tok = Tokenizer.load("models/demo")
+    data = reference_set(tok, three, max_prompt=512, max_new=24)
+    assert len(data) and set(data.temperatures) == {REFERENCE} and all(i.endswith("@ref") for i in data.ids)
+    for toks, plen, i in zip(data.tokens, data.prompt_lens, data.ids, strict=True):
+        item = next(p for p in three if p.id + "@ref" == i)
+        answer = tok.encode(reply_for(item))
+        assert toks[plen:] == (answer[:24] if len(answer) >= 24 else answer + [tok.eos_id])
+        assert toks[:plen] == tok.encode(tok.format_chat([{"role": "user", "content": item.prompt}]))
