@@ -12,7 +12,10 @@ same prompts), batch 1, drafts sampled from q at T > 0 by default (`--no-sample-
 - at temperature 0, a losslessness check of every output against AR greedy decoding (near-ties
   tolerated only as `engines.lossless.check_lossless` defines them);
 - at temperature > 0, an exactness figure: the chi-square p-value of the first three tokens' histogram
-  against plain decoding's (`bench.exactness`, `--exactness-samples` draws each).
+  against plain decoding's (`bench.exactness`, `--exactness-samples` draws each);
+- with `--schema`, rows under a JSON schema beside the unconstrained ones (`constraint` "json_schema",
+  temperature 0): the same prompts asking for a JSON answer, every path held to the schema's grammar
+  (`engines.grammar`), each output compared token by token with AR's constrained greedy output.
 
 Rows whose mean accepted length is under 1.3 are flagged: a drafter that loads but accepts almost
 nothing is a bug. Writes `acceptance.json` and `acceptance.png` into `--out`.
@@ -27,7 +30,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,17 +43,23 @@ from engines.dcut.profile import cpu_name
 from engines.drafters.base import Drafter
 from engines.drafters.registry import DRAFTERS, load_drafter
 from engines.generate import GenerationResult, ar_generate
+from engines.grammar import Constraint, GrammarCompiler
 from engines.lossless import check_lossless
 from engines.model import Transformer, load_model
 from engines.sampling import SamplingParams
 from engines.spec import SpecDecoder
 from engines.spec_generate import spec_generate
 from engines.tokenizer import Tokenizer
+from specroute.contracts.grammar import GrammarSpec
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
 DOMAINS = ("chat", "code", "math")
 LOW_ACCEPTANCE = 1.3
+# the schema of `--schema` rows, and the request the prompts carry for it
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+          "additionalProperties": False}
+SCHEMA_ASK = '\n\nReply with a JSON object of the form {"answer": "..."} and nothing else.'
 
 
 class AcceptanceRow(BaseModel):
@@ -78,6 +89,7 @@ class AcceptanceRow(BaseModel):
     # drawn `exactness_samples` times through this drafter and as many times by plain decoding (`bench.exactness`)
     exactness_p: float | None = None
     exactness_samples: int = 0
+    constraint: str = "none"        # "json_schema": the prompts ask for JSON and decoding follows SCHEMA
 
 
 class AcceptanceReport(BaseModel):
@@ -148,8 +160,10 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def select_prompts(tok: Tokenizer, n: int, max_prompt_tokens: int, seed: int) -> dict[str, list[list[int]]]:
-    """n held-out prompts per domain (deterministic shuffle), chat-templated, at most max_prompt_tokens."""
+def select_prompts(tok: Tokenizer, n: int, max_prompt_tokens: int, seed: int,
+                   suffix: str = "") -> dict[str, list[list[int]]]:
+    """n held-out prompts per domain (deterministic shuffle), chat-templated with `suffix` after the
+    user's text, at most max_prompt_tokens."""
     from engines.training.data import load_prompts
 
     items = load_prompts("heldout")
@@ -158,7 +172,7 @@ def select_prompts(tok: Tokenizer, n: int, max_prompt_tokens: int, seed: int) ->
     out: dict[str, list[list[int]]] = {d: [] for d in DOMAINS}
     for p in items:
         if p.domain in out and len(out[p.domain]) < n:
-            ids = tok.encode_chat([{"role": "user", "content": p.prompt}])
+            ids = tok.encode_chat([{"role": "user", "content": p.prompt + suffix}])
             if len(ids) <= max_prompt_tokens:
                 out[p.domain].append(ids)
     for d, ps in out.items():
@@ -188,80 +202,129 @@ def load_configs(model_dir: Path, target: Transformer, kinds: list[str], blocks:
     return out
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One (temperature, domain, constraint) cell: its prompts, and a fresh grammar state per request
+    (`constrain`, None when unconstrained)."""
+    temperature: float
+    domain: str
+    prompts: list[list[int]]
+    constraint: str = "none"
+    constrain: Callable[[], Constraint] | None = None
+
+
 def run(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
         prompts: dict[str, list[list[int]]], temperatures: list[float], max_tokens: int,
         prompts_hot: int, seed: int, log=print, domains: tuple[str, ...] = DOMAINS,
         time_budget_s: float | None = None, sample_drafts: bool = True,
-        exactness_samples: int = 0) -> list[AcceptanceRow]:
-    """Every (temperature, domain) cell; with a time budget, each cell gets an equal share and stops
-    taking new prompts when its share is spent (the rows report how many prompts were measured)."""
+        exactness_samples: int = 0, schema_prompts: dict[str, list[list[int]]] | None = None,
+        constrain: Callable[[], Constraint] | None = None) -> list[AcceptanceRow]:
+    """Every (temperature, domain) cell, then with `schema_prompts` a temperature-0 cell per domain under
+    `constrain`'s grammar; with a time budget, each cell gets an equal share and stops taking new prompts
+    when its share is spent (the rows report how many prompts were measured)."""
+    cells = [Cell(t, d, prompts[d] if t == 0 else prompts[d][:prompts_hot]) for t in temperatures for d in domains]
+    if schema_prompts is not None:
+        cells += [Cell(0.0, d, schema_prompts[d], "json_schema", constrain) for d in domains]
     max_len = target.config.max_position_embeddings
     decoders = [SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts) for _, d in configs]
+    share = time_budget_s / len(cells) if time_budget_s else None
     rows: list[AcceptanceRow] = []
-    share = time_budget_s / (len(temperatures) * len(domains)) if time_budget_s else None
-    for temp in temperatures:
-        for domain in domains:
-            ps = prompts[domain] if temp == 0 else prompts[domain][:prompts_hot]
-            accs = [Acc() for _ in configs]
-            t0 = time.perf_counter()
-            for i, ids in enumerate(ps):
-                if share is not None and i and time.perf_counter() - t0 > share:
-                    log(f"  time budget: stopped after {i} of {len(ps)} prompts")
-                    break
-                torch.manual_seed(seed + i)   # unseeded rows (a seeded one drafts greedily): their generators
-                params = SamplingParams(temperature=temp)
-                ar = ar_generate(target, tok, ids, params, max_tokens=max_tokens, max_len=max_len)
-                order = list(range(len(configs)))
-                order = order[i % len(order):] + order[:i % len(order)]   # rotate to spread drift
-                for j in order:
-                    cfg, dec = configs[j][0], decoders[j]
-                    d0, v0 = dec.timing.draft_s, dec.timing.verify_s
-                    res = spec_generate(target, None, tok, ids, params, max_tokens=max_tokens, k=cfg.k,
-                                        decoder=dec)
-                    accs[j].add(res, ar, dec.timing.draft_s - d0, dec.timing.verify_s - v0)
-                    if temp == 0:
-                        chk = check_lossless(target, ids, res.token_ids, ar.token_ids)
-                        accs[j].checked += 1
-                        accs[j].mismatches += 0 if chk.ok else 1
-                        accs[j].near_ties += 1 if chk.ok and not chk.identical else 0
-                        if not chk.ok:
-                            log(f"  LOSSLESS MISMATCH {label(cfg.kind, cfg.k)} {domain} prompt {i}: {chk.reason}")
-            exact: list[float | None] = [None] * len(configs)
-            if temp > 0 and exactness_samples and ps:
-                hot, room = SamplingParams(temperature=temp), min(max_len, len(ps[0]) + 8)   # 3 tokens, no more
-                ar = first_tokens(SpecDecoder(target, None, 50, room), ps[0], hot, exactness_samples, 0, seed=seed)
-                for j, (cfg, d) in enumerate(configs):
-                    got = first_tokens(SpecDecoder(target, d, 50, room, sample_drafts=sample_drafts), ps[0], hot,
-                                       exactness_samples, cfg.k, seed=seed + 1)
-                    exact[j] = round(homogeneity_p(got, ar), 4)
-                    decoders[j] = SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts)   # its caches again
-            for (cfg, _), a, p_exact in zip(configs, accs, exact, strict=True):
-                steps, mal = a.acceptance.steps, a.acceptance.mean_accepted_length
-                tps, ar_tps = _median(a.tps), _median(a.ar_tps)
-                row = AcceptanceRow(
-                    drafter=cfg.kind, block=cfg.block, k=cfg.k, domain=domain, temperature=temp,
-                    prompts=a.prompts, tokens=a.tokens, steps=steps, mean_accepted_length=round(mal, 4),
-                    acceptance_per_position=[round(x, 4) for x in a.acceptance.acceptance_per_position()],
-                    draft_ms=round(1e3 * a.draft_s / max(steps, 1), 3),
-                    verify_ms=round(1e3 * a.verify_s / max(steps, 1), 3),
-                    tokens_per_s=round(tps, 2), ar_tokens_per_s=round(ar_tps, 2),
-                    speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
-                    speedup_mean=a.speedups()[0], speedup_aggregate=a.speedups()[1],
-                    lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
-                    low_acceptance=mal < LOW_ACCEPTANCE,
-                    drafting="sampled" if sample_drafts and temp > 0 else "greedy",
-                    exactness_p=p_exact, exactness_samples=exactness_samples if p_exact is not None else 0,
-                )
-                rows.append(row)
-                flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
-                log(f"T={temp:g} {domain:<4} {label(cfg.kind, cfg.k):<10} tau={row.mean_accepted_length:.2f} "
-                    f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
-                    f"(mean x{row.speedup_mean:.2f}, aggregate x{row.speedup_aggregate:.2f}) "
-                    f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
-                    f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}"
-                    + (f" exactness p={row.exactness_p:.3f}" if row.exactness_p is not None else "") + flag)
-            log(f"  ({accs[0].prompts} prompts in {time.perf_counter() - t0:.0f}s)")
+    for cell in cells:
+        t0 = time.perf_counter()
+        accs = measure_cell(target, tok, configs, decoders, cell, max_tokens, seed, log, share)
+        exact: list[float | None] = [None] * len(configs)
+        if cell.temperature > 0 and exactness_samples and cell.prompts:
+            exact = exactness(target, configs, cell, exactness_samples, seed, sample_drafts)
+            decoders = [SpecDecoder(target, d, 1, max_len, sample_drafts=sample_drafts) for _, d in configs]
+        for (cfg, _), a, p_exact in zip(configs, accs, exact, strict=True):
+            row = make_row(cfg, cell, a, p_exact, exactness_samples, sample_drafts)
+            rows.append(row)
+            flag = "  <-- LOW ACCEPTANCE" if row.low_acceptance else ""
+            log(f"T={cell.temperature:g} {cell.domain:<4} {label(cfg.kind, cfg.k):<10} "
+                + ("json " if cell.constrain else "") + f"tau={row.mean_accepted_length:.2f} "
+                f"tok/s={row.tokens_per_s:.1f} (ar {row.ar_tokens_per_s:.1f}) x{row.speedup:.2f} "
+                f"(mean x{row.speedup_mean:.2f}, aggregate x{row.speedup_aggregate:.2f}) "
+                f"draft={row.draft_ms:.1f}ms verify={row.verify_ms:.1f}ms "
+                f"lossless {row.lossless_checked - row.lossless_mismatches}/{row.lossless_checked}"
+                + (f" exactness p={row.exactness_p:.3f}" if row.exactness_p is not None else "") + flag)
+        log(f"  ({accs[0].prompts} prompts in {time.perf_counter() - t0:.0f}s)")
     return rows
+
+
+def measure_cell(target: Transformer, tok: Tokenizer, configs: list[tuple[Config, Drafter]],
+                 decoders: list[SpecDecoder], cell: Cell, max_tokens: int, seed: int, log,
+                 share: float | None) -> list[Acc]:
+    """Each prompt of the cell decoded by AR and by every config (their order rotated per prompt to
+    spread drift); at temperature 0 each output is checked against AR's: under a grammar token for
+    token (AR's constrained greedy output), else with `check_lossless`'s near-tie rule."""
+    max_len = target.config.max_position_embeddings
+    accs = [Acc() for _ in configs]
+    t0 = time.perf_counter()
+    for i, ids in enumerate(cell.prompts):
+        if share is not None and i and time.perf_counter() - t0 > share:
+            log(f"  time budget: stopped after {i} of {len(cell.prompts)} prompts")
+            break
+        torch.manual_seed(seed + i)   # unseeded rows (a seeded one drafts greedily): their generators
+        params = SamplingParams(temperature=cell.temperature)
+        grammar = cell.constrain
+        ar = ar_generate(target, tok, ids, params, max_tokens=max_tokens, max_len=max_len,
+                         constraint=grammar() if grammar else None)
+        order = list(range(len(configs)))
+        for j in order[i % len(order):] + order[:i % len(order)]:
+            cfg, dec = configs[j][0], decoders[j]
+            d0, v0 = dec.timing.draft_s, dec.timing.verify_s
+            res = spec_generate(target, None, tok, ids, params, max_tokens=max_tokens, k=cfg.k, decoder=dec,
+                                constraint=grammar() if grammar else None)
+            accs[j].add(res, ar, dec.timing.draft_s - d0, dec.timing.verify_s - v0)
+            if cell.temperature != 0:
+                continue
+            if grammar:
+                ok, tie, reason = res.token_ids == ar.token_ids, False, "differs from AR's constrained output"
+            else:
+                chk = check_lossless(target, ids, res.token_ids, ar.token_ids)
+                ok, tie, reason = chk.ok, chk.ok and not chk.identical, chk.reason
+            accs[j].checked += 1
+            accs[j].mismatches += 0 if ok else 1
+            accs[j].near_ties += 1 if tie else 0
+            if not ok:
+                log(f"  LOSSLESS MISMATCH {label(cfg.kind, cfg.k)} {cell.domain} prompt {i}: {reason}")
+    return accs
+
+
+def exactness(target: Transformer, configs: list[tuple[Config, Drafter]], cell: Cell, samples: int, seed: int,
+              sample_drafts: bool) -> list[float | None]:
+    """Per config, the homogeneity p-value of the first three tokens of the cell's first prompt drawn
+    `samples` times through it against as many plain draws (`bench.exactness`)."""
+    max_len = target.config.max_position_embeddings
+    prompt = cell.prompts[0]
+    hot, room = SamplingParams(temperature=cell.temperature), min(max_len, len(prompt) + 8)   # 3 tokens, no more
+    ar = first_tokens(SpecDecoder(target, None, 50, room), prompt, hot, samples, 0, seed=seed)
+    out: list[float | None] = []
+    for cfg, d in configs:
+        got = first_tokens(SpecDecoder(target, d, 50, room, sample_drafts=sample_drafts), prompt, hot,
+                           samples, cfg.k, seed=seed + 1)
+        out.append(round(homogeneity_p(got, ar), 4))
+    return out
+
+
+def make_row(cfg: Config, cell: Cell, a: Acc, p_exact: float | None, exactness_samples: int,
+             sample_drafts: bool) -> AcceptanceRow:
+    steps, mal = a.acceptance.steps, a.acceptance.mean_accepted_length
+    tps, ar_tps = _median(a.tps), _median(a.ar_tps)
+    return AcceptanceRow(
+        drafter=cfg.kind, block=cfg.block, k=cfg.k, domain=cell.domain, temperature=cell.temperature,
+        prompts=a.prompts, tokens=a.tokens, steps=steps, mean_accepted_length=round(mal, 4),
+        acceptance_per_position=[round(x, 4) for x in a.acceptance.acceptance_per_position()],
+        draft_ms=round(1e3 * a.draft_s / max(steps, 1), 3), verify_ms=round(1e3 * a.verify_s / max(steps, 1), 3),
+        tokens_per_s=round(tps, 2), ar_tokens_per_s=round(ar_tps, 2),
+        speedup=round(tps / ar_tps, 3) if ar_tps else 0.0,
+        speedup_mean=a.speedups()[0], speedup_aggregate=a.speedups()[1],
+        lossless_checked=a.checked, lossless_mismatches=a.mismatches, near_ties=a.near_ties,
+        low_acceptance=mal < LOW_ACCEPTANCE,
+        drafting="sampled" if sample_drafts and cell.temperature > 0 else "greedy",
+        exactness_p=p_exact, exactness_samples=exactness_samples if p_exact is not None else 0,
+        constraint=cell.constraint,
+    )
 
 
 def plot(report: AcceptanceReport, path: Path) -> None:
@@ -346,6 +409,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--exactness-samples", type=int, default=400,
                     help="at temperature > 0: draws of the first three tokens per drafter and per domain for "
                          "the exactness p-value against plain decoding (0: skip)")
+    ap.add_argument("--schema", action=argparse.BooleanOptionalAction, default=False,
+                    help="also temperature-0 rows under a JSON schema (the same prompts asking for JSON)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="combine acceptance.json files of partial runs (e.g. one per domain) into --out")
     args = ap.parse_args(argv)
@@ -370,11 +435,17 @@ def main(argv: list[str]) -> int:
     configs = load_configs(model_dir, target, kinds, blocks, args.mtp_k)
     prompts = select_prompts(tok, args.prompts, args.max_prompt_tokens, args.seed)
     hot = args.prompts_hot if args.prompts_hot is not None else args.prompts
+    schema_prompts, constrain = None, None
+    if args.schema:
+        schema_prompts = select_prompts(tok, args.prompts, args.max_prompt_tokens, args.seed, SCHEMA_ASK)
+        compiler = GrammarCompiler(tok.inner.to_str(), target.config.vocab_size, tok.eos_id)
+        spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+        constrain = partial(compiler.constraint, spec)
     t0 = time.perf_counter()
     rows = run(target, tok, configs, prompts, temps, args.max_tokens, hot, args.seed,
                log=lambda s: print(s, file=sys.stderr, flush=True), domains=domains,
                time_budget_s=args.time_budget, sample_drafts=args.sample_drafts,
-               exactness_samples=args.exactness_samples)
+               exactness_samples=args.exactness_samples, schema_prompts=schema_prompts, constrain=constrain)
     report = AcceptanceReport(meta={
         "model": str(model_dir), "max_tokens": args.max_tokens, "threads": args.threads,
         "prompt_split": "held-out (specroute.contracts.split.is_heldout), chat template",
@@ -391,6 +462,8 @@ def main(argv: list[str]) -> int:
         "exactness_p": "temperature > 0: chi-square homogeneity p-value of the first three tokens of each "
                        "domain's first prompt, drafter vs plain decoding, exactness_samples draws each "
                        "(small p: a difference detected; the exact checks are `pytest -m exactness`)",
+        "constraint": f"json_schema rows: prompts + {SCHEMA_ASK.strip()!r}, decoding held to {json.dumps(SCHEMA)}, "
+                      "lossless = token-identical to AR's constrained greedy output",
         "low_acceptance_threshold": LOW_ACCEPTANCE,
         "wall_s": round(time.perf_counter() - t0, 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -413,7 +486,7 @@ def merge_reports(paths: list[Path]) -> AcceptanceReport:
             for r in rep.rows:
                 r.drafting = "sampled" if r.temperature > 0 else "greedy"
     rows = sorted((r for rep in reports for r in rep.rows),
-                  key=lambda r: (r.temperature, r.drafting, order.get(r.domain, 9), r.drafter, r.block))
+                  key=lambda r: (r.constraint, r.temperature, r.drafting, order.get(r.domain, 9), r.drafter, r.block))
     meta = dict(reports[0].meta)
     meta["merged_from"] = [str(p) for p in paths]
     meta.pop("drafting_at_t_gt_0", None)

@@ -170,8 +170,9 @@ class SpecDecoder:
             st.feed(self._features([st], out), 0, b - a, a, nxt)
         return y0
 
-    def prefill(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams) -> int:
-        self.start(slot, prompt_ids, params)
+    def prefill(self, slot: int, prompt_ids: Sequence[int], params: SamplingParams,
+                constraint: Constraint | None = None) -> int:
+        self.start(slot, prompt_ids, params, constraint=constraint)
         while (y0 := self.prefill_step(slot, self.prefill_chunk)) is None:
             pass
         return y0

@@ -10,6 +10,7 @@ import torch
 from engines.drafters.base import Drafter
 from engines.errors import EngineError, check_room
 from engines.generate import GenerationResult
+from engines.grammar import Constraint
 from engines.model import Transformer
 from engines.requests import RequestStats
 from engines.sampling import SamplingParams
@@ -22,10 +23,10 @@ from engines.tokenizer import Tokenizer
 def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, prompt_ids: list[int],
                   params: SamplingParams, max_tokens: int = 128, stop: tuple[str, ...] = (), k: int = 3,
                   max_len: int | None = None, decoder: SpecDecoder | None = None,
-                  slot: int = 0) -> GenerationResult:
-    """One request through draft/verify steps (drafter None: plain decoding through the same path).
-    Stop strings, EOS and max_tokens are applied token by token, so an accepted block is cut exactly
-    where plain decoding would stop."""
+                  slot: int = 0, constraint: Constraint | None = None) -> GenerationResult:
+    """One request through draft/verify steps (drafter None: plain decoding through the same path),
+    held to `constraint`'s grammar when given. Stop strings, EOS and max_tokens are applied token by
+    token, so an accepted block is cut exactly where plain decoding would stop."""
     max_len = max_len or (decoder.max_len if decoder else target.config.max_position_embeddings)
     check_room(len(prompt_ids), max_len)
     max_tokens = min(max_tokens, max_len - len(prompt_ids))
@@ -34,7 +35,7 @@ def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, 
     dec = decoder or SpecDecoder(target, drafter, 1, max_len)
     state = StopState(tok.decode, frozenset(target.config.eos_ids), stop, max_tokens)
     t0 = time.perf_counter()
-    y0 = dec.prefill(slot, prompt_ids, params)
+    y0 = dec.prefill(slot, prompt_ids, params, constraint)
     ttft = time.perf_counter() - t0
     emitted = [y0]
     state.push(y0)

@@ -77,3 +77,18 @@ def test_acceptance_benchmark_without_drafters_is_a_user_error(tmp_path, capsys)
     bundle = make_tiny_bundle(tmp_path / "b", drafters=())
     assert specroute(["bench", "acceptance", "--model", str(bundle), "--out", str(tmp_path / "o")]) == 2
     assert "no drafters found" in capsys.readouterr().err
+
+
+def test_schema_rows_sit_beside_the_unconstrained_ones(bundle, tmp_path):
+    out = tmp_path / "results"
+    rc = specroute(["bench", "acceptance", "--model", str(bundle), "--out", str(out), "--prompts", "2",
+                    "--temperatures", "0", "--max-tokens", "8", "--threads", "1", "--blocks", "8",
+                    "--drafters", "mtp,dfly", "--schema"])
+    assert rc == 0
+    rows = AcceptanceReport.model_validate(json.loads((out / "acceptance.json").read_text())).rows
+    plain = {(r.drafter, r.domain) for r in rows if r.constraint == "none"}
+    constrained = [r for r in rows if r.constraint == "json_schema"]
+    assert {(r.drafter, r.domain) for r in constrained} == plain and len(plain) == 2 * 3
+    for r in constrained:   # token-identical to AR's constrained greedy output on every prompt
+        assert r.temperature == 0 and r.lossless_checked == 2 and r.lossless_mismatches == 0
+        assert 1.0 <= r.mean_accepted_length <= r.k + 1
