@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.routing.estimate import PoolState, goodput, pool_estimate
+from router.routing.features import request_features
 from router.routing.policy import UNKNOWN_DOMAIN, WILDCARD, Policy, fallback_order
+from router.routing.predictor import Predictor, level_mean, predict, predictions, with_prediction
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, level_keys
 from specroute.contracts.feedback import CellStats
 
@@ -60,6 +62,9 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)
     # the request's context, its domain filled in when known (its `key` is "" without one)
     context: RequestContext = RequestContext()
+    # the request's features (router/routing/features.py `FEATURES`; empty without its prompt part):
+    # they go to the worker for the feedback record, which the predictor is trained from
+    features: tuple[float, ...] = ()
 
 
 # (level, pool) -> decayed stats; a level is a domain, a context key or "*" (specroute/contracts/context.py)
@@ -82,17 +87,23 @@ def decide(
     policy: Policy,
     rng: random.Random,
     context: RequestContext | None = None,
+    prompt_features: Sequence[float] = (),
+    predictor: Predictor | None = None,
 ) -> Decision:
     """Choose a pool for one request. Pure: all inputs explicit, randomness from `rng`. `context`
-    holds the request's buckets (its domain is the one chosen here)."""
+    holds the request's buckets (its domain is the one chosen here); `prompt_features` the prompt
+    part of its features (computed at admit) and `predictor` the acceptance predictor, whose
+    per-request estimate is the prior of the learned statistics."""
     domain = top_domain(probabilities)
+    features = request_features(prompt_features, probabilities, uncertainty)
     drained = set(policy.drained)
     learning = policy.learning
     base = context if context is not None else RequestContext()
     ctx = base.with_domain(domain) if context is not None and domain != UNKNOWN_DOMAIN else None
 
     def out(pool: str | None, reason: str, scores: dict[str, float] | None = None) -> Decision:
-        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx if ctx is not None else base)
+        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx if ctx is not None else base,
+                        features)
 
     def available(p: str) -> bool:
         st = pools.get(p)
@@ -132,18 +143,27 @@ def decide(
         cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
         levels = level_keys(domain, ctx) if learning.contexts else (domain,)
         ests = {p: pool_estimate(stats, levels, p, learning) for p in cands}
+        prior: dict[str, float] = {}   # requests of evidence the predictor's prior adds to a pool
+        if predictor is not None:
+            for p, model in predictions(predictor, features, cands).items():
+                est, st = ests[p], pools.get(p)
+                if est is not None and (st is None or st.speculative):
+                    ests[p] = with_prediction(est, predict(model, features), level_mean(model, levels),
+                                              predictor.prior_weight, learning)
+                    prior[p] = predictor.prior_weight
 
         def evidence(p: str) -> float:
-            """Requests of evidence on `p` that gate trusting it: in the domain, or over every domain for a
-            pool that does not speculate (its step rate is all there is to learn, and it is the same for
-            chat, code and math: warming it up per domain only sends slow requests there)."""
+            """Requests of evidence on `p` that gate trusting it: in the domain (plus what the predictor's
+            prior is worth, when it predicts `p`), or over every domain for a pool that does not speculate
+            (its step rate is all there is to learn, and it is the same for chat, code and math: warming
+            it up per domain only sends slow requests there)."""
             est, st = ests[p], pools.get(p)
             if est is None:
                 return 0.0
             if st is not None and not st.speculative:
                 top = stats.get((GLOBAL_LEVEL, p))
                 return max(est.n, top.n if top is not None else 0.0)
-            return est.n
+            return est.n + prior.get(p, 0.0)
         # 4. exploration keeps every candidate's statistics fresh; a candidate without `min_samples`
         # requests of evidence in this domain is explored at the (higher) warm-up rate until it has them
         # (exploration_rate 0 turns all exploration off)
