@@ -215,8 +215,8 @@ class Settings(BaseSettings):
     predictor_retrain_s: float = Field(default=600.0, gt=0, description="refit when the stored predictor is this old")
     predictor_records: int = Field(default=5000, ge=1, le=100_000, description="newest feedback records a fit reads")
     predictor_min_records: int = Field(default=200, ge=1, description="records with features a fit needs")
-    predictor_ridge: float = Field(default=1.0, ge=0.0, description="ridge penalty of the fit")
-    predictor_prior_weight: float = Field(default=10.0, ge=0.0,
+    predictor_ridge: float = Field(default=30.0, ge=0.0, description="ridge penalty of the fit")
+    predictor_prior_weight: float = Field(default=30.0, ge=0.0,
                                           description="requests of evidence a per-request prediction is worth")
     # HTTP connections (router/http/guard.py): a client gets this long to send a request's headers,
     # then its body; idle keep-alive connections close after `keepalive_timeout_s`; connections over

@@ -39,6 +39,7 @@ from typing import Any
 from bench.routing_metrics import paired_regret
 from bench.sim.core import Request, StepProfile
 from bench.sim.gateway_policy import (
+    GLOBAL_LEVEL,
     CellStats,
     FeedbackRecord,
     Policy,
@@ -51,6 +52,7 @@ from bench.sim.gateway_policy import (
     fit,
     learn,
     level_keys,
+    level_mean,
     predict,
     prompt_features,
     request_features,
@@ -58,7 +60,7 @@ from bench.sim.gateway_policy import (
 
 MODES = ("mtp", "dfly", "ar")
 FLEETS = {"all-mtp": "mtp", "all-dfly": "dfly", "all-ar": "ar"}
-ROUTED = ("learned", "predicted")
+ROUTED = ("learned", "predicted", "perfect-prior")
 
 
 @dataclass(frozen=True)
@@ -193,47 +195,68 @@ def routed(items: Sequence[Item], times: Sequence[Mapping[str, float]], policy: 
     return out
 
 
+def perfect(it: Item, trained: Predictor) -> Predictor:
+    """A predictor that knows the request's own acceptance on each mode (the diagnostic `perfect-prior`
+    arm: what the decision makes of a prior that is never wrong), with the trained one's level rates."""
+    d = domain_of(it.req)
+    levels = level_keys(d, context_of(it.req, d))
+    pools = {}
+    for m, model in trained.pools.items():
+        rep = it.req.replay.get(m)
+        base = level_mean(model, (*levels, GLOBAL_LEVEL))
+        if rep is not None and rep.drafted > 0 and base is not None:
+            pools[m] = model.model_copy(update={"bias": rep.accepted / rep.drafted - base,
+                                                "weights": [0.0] * len(model.weights)})
+    return trained.model_copy(update={"pools": pools})
+
+
 # ------------------------------------------------------------------------------------------------
 # the evaluation
 
 
 def held_out_error(items: Sequence[Item], predictors: Mapping[int, Predictor]) -> dict[str, Any]:
-    """Per speculative mode, drafted-weighted mean squared error of the held-out acceptance rate: the
-    predictor's, and that of the training fold's per-context mean (what the statistics alone know)."""
+    """Per speculative mode, drafted-weighted mean squared error of the held-out acceptance rates: the
+    predictor's, and that of its level rates alone (the training fold's acceptance of the request's
+    most specific context: what the context buckets know without the features)."""
     out: dict[str, Any] = {}
     for m in ("mtp", "dfly"):
         se_p = se_c = wsum = 0.0
         for fold, pred in predictors.items():
-            train = [s for s in samples([it for it in items if it.fold != fold]) if s.pool == m]
-            ctx_sum: dict[str, list[float]] = {}
-            for s in train:
-                acc = ctx_sum.setdefault(s.levels[0], [0.0, 0.0])
-                acc[0] += s.accepted
-                acc[1] += s.drafted
-            glob = sum(s.accepted for s in train) / max(1, sum(s.drafted for s in train))
             model = pred.pools.get(m)
+            if model is None:
+                continue
             for s in samples([it for it in items if it.fold == fold]):
-                if s.pool != m or model is None:
+                if s.pool != m:
                     continue
                 y = s.accepted / s.drafted
-                c = ctx_sum.get(s.levels[0])
-                base = c[0] / c[1] if c and c[1] > 0 else glob
-                se_p += s.drafted * (predict(model, s.features) - y) ** 2
-                se_c += s.drafted * (base - y) ** 2
+                base = level_mean(model, (*s.levels, "*"))
+                se_p += s.drafted * (predict(model, s.features, s.levels) - y) ** 2
+                se_c += s.drafted * ((base if base is not None else 0.5) - y) ** 2
                 wsum += s.drafted
         if wsum:
-            out[m] = {"mse_predictor": round(se_p / wsum, 5), "mse_context_mean": round(se_c / wsum, 5),
-                      "r2_vs_context_mean": round(1.0 - se_p / se_c, 4) if se_c > 0 else None}
+            out[m] = {"mse_predictor": round(se_p / wsum, 5), "mse_context_rate": round(se_c / wsum, 5),
+                      "r2_vs_context_rate": round(1.0 - se_p / se_c, 4) if se_c > 0 else None}
     return out
 
 
+def lean_policy(policy: Policy) -> Policy:
+    """`policy` as one might run it with a predictor: 1% exploration, no switch margin, UCB."""
+    return policy.model_copy(update={"exploration_rate": 0.01, "learning": policy.learning.model_copy(
+        update={"switch_margin": 0.0, "method": "ucb"})})
+
+
+POLICIES: dict[str, Callable[[Policy], Policy]] = {"default": lambda p: p, "lean": lean_policy}
+
+
 def evaluate(items_by_group: Mapping[str, Sequence[Item]], profile: StepProfile, *, seed: int = 0,
-             ridge: float = 1.0, prior_weight: float = 10.0, folds: int = 2) -> dict[str, Any]:
-    """Cross-fitted predictors, then per scenario: arms' times, gains, capture and paired regret."""
+             ridge: float = 30.0, prior_weight: float = 30.0, folds: int = 2, policy: Policy | None = None
+             ) -> dict[str, Any]:
+    """Cross-fitted predictors, then per scenario: arms' times, gains, capture and paired regret
+    (`policy`: the routed arms' policy over mtp, dfly and ar; the built-in default when None)."""
     every = [it for its in items_by_group.values() for it in its]
     predictors = {f: fit(samples([it for it in every if it.fold != f]), ridge=ridge, prior_weight=prior_weight)
                   for f in range(folds)}
-    policy = default_policy(list(MODES))
+    policy = policy or default_policy(list(MODES))
     by_scen: dict[str, dict[str, list[tuple[float, float]]]] = {}   # scenario -> arm -> [(tokens, ms) per round]
     shares: dict[str, dict[str, dict[str, float]]] = {}
     for g, its in items_by_group.items():
@@ -243,6 +266,7 @@ def evaluate(items_by_group: Mapping[str, Sequence[Item]], profile: StepProfile,
         choice["request-oracle"] = [min(MODES, key=lambda m: (t[m], m)) for t in times]
         choice["learned"] = routed(its, times, policy, lambda _it: None, seed)
         choice["predicted"] = routed(its, times, policy, lambda it: predictors[it.fold], seed)
+        choice["perfect-prior"] = routed(its, times, policy, lambda it: perfect(it, predictors[it.fold]), seed)
         arms = by_scen.setdefault(scen, {})
         for arm, modes in choice.items():
             tok = ms = 0.0
@@ -300,3 +324,19 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
                                  and pred["paired_regret_max"] is not None and pred["paired_regret_max"] <= 0.03)}
     return out
 
+
+
+def run_predictor(groups: Mapping[str, Sequence[Request]], profile: StepProfile, run_meta: Mapping[str, Any],
+                  data_dir: Path, *, ridge: float = 30.0, prior_weight: float = 30.0, seed: int = 0) -> dict[str, Any]:
+    """The whole evaluation of a `bench routing` run's traffic, under each of `POLICIES`."""
+    texts, mismatched = texts_of(groups, data_dir, int(run_meta["seed"]), int(run_meta["requests_per_scenario"]),
+                                 int(run_meta["warmup_requests"]), int(run_meta["concurrency"][0]))
+    items = items_of(groups, texts)
+    base = default_policy(list(MODES))
+    out: dict[str, Any] = {}
+    for name, make in POLICIES.items():
+        doc = evaluate(items, profile, seed=seed, ridge=ridge, prior_weight=prior_weight, policy=make(base))
+        out[name] = {"summary": summary(doc), **doc}
+    return {"meta": {"requests": sum(len(v) for v in groups.values()), "groups": len(groups),
+                     "context_mismatches_by_scenario": mismatched},
+            "policies": out}

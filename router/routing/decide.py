@@ -15,7 +15,9 @@ Order of precedence (first match wins):
                 `exploration_rate` 0 turns both off). A pool that does not speculate (`ar`) has no
                 acceptance to learn per domain: its evidence is counted over every domain.
 5. `learned`    another candidate whose expected goodput beats the default pool's by
-                `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
+                `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics; with
+                an acceptance predictor, its estimate for this request is the prior of those
+                statistics and counts as `prior_weight` requests of evidence: router/routing/predictor.py).
 6. `default`    the domain's default pool.
 
 Whenever the chosen pool is drained or unhealthy the decision walks `fallback_order(policy)` (the
@@ -36,7 +38,8 @@ pool is a candidate like any other) and how much its D-Cut drafts now:
 with `k` the draft length per step (after D-Cut; 0 for `ar`), `alpha` the acceptance rate (sampled
 from a Beta posterior built from decayed counts), `step_ms` the observed decode time per step and
 `b` the requests running per endpoint. The decision carries the request's context (its key goes to
-the worker for the feedback record).
+the worker for the feedback record), and so do its features (router/routing/features.py: the prompt
+part computed at admit, the classifier part here), which the predictor is trained from.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from dataclasses import dataclass, field
 from router.routing.estimate import PoolState, goodput, pool_estimate
 from router.routing.features import request_features
 from router.routing.policy import UNKNOWN_DOMAIN, WILDCARD, Policy, fallback_order
-from router.routing.predictor import Predictor, level_mean, predict, predictions, with_prediction
+from router.routing.predictor import Predictor, predictions, with_prediction
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, level_keys
 from specroute.contracts.feedback import CellStats
 
@@ -148,8 +151,7 @@ def decide(
             for p, model in predictions(predictor, features, cands).items():
                 est, st = ests[p], pools.get(p)
                 if est is not None and (st is None or st.speculative):
-                    ests[p] = with_prediction(est, predict(model, features), level_mean(model, levels),
-                                              predictor.prior_weight, learning)
+                    ests[p] = with_prediction(est, model, features, levels, predictor.prior_weight, learning)
                     prior[p] = predictor.prior_weight
 
         def evidence(p: str) -> float:

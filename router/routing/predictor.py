@@ -1,26 +1,31 @@
-"""Per-request acceptance prediction: a ridge regression per pool from the request's features
-(router/routing/features.py) to the acceptance rate its drafts will see, the document that holds its
-weights, its fit from feedback records, and how the decision combines it with the learned statistics.
-Pure: no I/O, no clock (the fit's time is passed in), plain Python (a dot product per pool on the
-request path).
+"""Per-request acceptance prediction: per pool, the acceptance rate of each statistics level (a domain
+or a context key) in the feedback records, and a ridge regression from the request's features
+(router/routing/features.py) to how far one request's acceptance lies from its level's; the document
+that holds both, its fit from feedback records, and how the decision combines it with the learned
+statistics. Pure: no I/O, no clock (the fit's time is passed in), plain Python (a dot product per
+pool on the request path).
 
-Model, per speculative pool p: `alpha_p(x) = clip(b_p + w_p . x, 0.01, 0.99)`, fitted by ridge on
-the feedback records of p (target: accepted / drafted of the request; weight: its drafted tokens, so
-the fit's mean is the pooled acceptance; penalty `ridge` on every weight but the bias). The document
-also keeps, per level of the statistics back-off (a domain or a context key) with at least
-`MIN_LEVEL_RECORDS` training records, the model's mean prediction over them (`level_means`).
+Model, per speculative pool p, for a request with features x whose most specific level known to the
+model is L:
+
+    alpha_p(x) = clip(mu_p(L) + delta_p(x), 0.01, 0.99),   delta_p(x) = b_p + w_p . x
+
+`mu_p(L)` is the pooled acceptance (accepted / drafted) of the training records of L (levels with at
+least `MIN_LEVEL_RECORDS`; the global level `*` always, once any); `delta_p` is fitted by ridge on
+each record's acceptance minus its level's (weight: its drafted tokens; penalty `ridge` on every
+weight but the bias), so it says only what the features add to the context buckets.
 
 Combination (`with_prediction`): the learned estimate of a pool for the request's context is a Beta
 with mean m_L over e = n x `evidence_per_request` pseudo-counts of evidence. The prediction is its
 prior, worth `prior_weight` requests (w pseudo-counts): the decision's mean is
 
-    m = (w * alpha_p(x) + e * (m_L + alpha_p(x) - mu_p(level))) / (w + e)
+    m = (w * alpha_p(x) + e * (m_L + delta_p(x))) / (w + e)
 
-with mu_p(level) the model's mean over the most specific level of the request it has. Without
-evidence the prediction stands alone; as evidence grows the level's learned acceptance takes over,
-and the prediction keeps only what it says about this request against its level (its deviation), so
-a drifted or broken drafter is followed by the statistics while requests of one context are still
-told apart.
+Without evidence the prediction stands alone (so the decision may trust a pool the predictor knows
+before this gateway has seen `min_samples` requests of it: router/routing/decide.py); as evidence grows
+the learned acceptance takes over, and the prediction keeps only what it says about this request
+against its level, so a drifted or broken drafter is followed by the statistics while requests of
+one context are still told apart.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.routing.estimate import Learning, Shrunk
 from router.routing.features import FEATURE_VERSION, FEATURES
+from specroute.contracts.context import GLOBAL_LEVEL
 
 MIN_ALPHA, MAX_ALPHA = 0.01, 0.99
 MIN_LEVEL_RECORDS = 5
@@ -47,7 +53,7 @@ class PoolModel(BaseModel):
     weights: list[float] = Field(max_length=len(FEATURES))
     records: int = Field(ge=0, description="feedback records it was fitted on")
     level_means: dict[str, float] = Field(default_factory=dict, max_length=MAX_LEVELS,
-                                          description="level (domain or context key) -> mean prediction over its records")
+                                          description="level (domain, context key or '*') -> pooled acceptance of its records")
 
     @model_validator(mode="after")
     def _finite(self) -> PoolModel:
@@ -65,8 +71,8 @@ class Predictor(BaseModel):
     feature_version: int = FEATURE_VERSION
     features: list[str] = Field(default_factory=lambda: list(FEATURES), max_length=64)
     pools: dict[str, PoolModel] = Field(default_factory=dict, max_length=MAX_POOL_MODELS)
-    prior_weight: float = Field(default=10.0, ge=0.0, le=1e6, description="requests of evidence a prediction is worth")
-    ridge: float = Field(default=1.0, ge=0.0)
+    prior_weight: float = Field(default=30.0, ge=0.0, le=1e6, description="requests of evidence a prediction is worth")
+    ridge: float = Field(default=30.0, ge=0.0)
     records: int = Field(default=0, ge=0)
     trained_at: float = Field(default=0.0, ge=0.0, description="when it was fitted (s since the epoch)")
 
@@ -82,16 +88,16 @@ class Predictor(BaseModel):
         return self.feature_version == FEATURE_VERSION and tuple(self.features) == FEATURES and bool(self.pools)
 
 
-def predict(model: PoolModel, x: Sequence[float]) -> float:
-    """Predicted acceptance rate of one request (features `x`, `FEATURES` order) on the model's pool."""
+def deviation(model: PoolModel, x: Sequence[float]) -> float:
+    """How far a request with features `x` (`FEATURES` order) lies from its level's acceptance."""
     z = model.bias
     for w, v in zip(model.weights, x, strict=False):
         z += w * v
-    return MIN_ALPHA if z < MIN_ALPHA else MAX_ALPHA if z > MAX_ALPHA else z
+    return z
 
 
 def level_mean(model: PoolModel, levels: Sequence[str]) -> float | None:
-    """The model's mean prediction over the most specific of `levels` (most specific first) it has."""
+    """The pooled acceptance of the most specific of `levels` (most specific first) the model has."""
     for lvl in levels:
         m = model.level_means.get(lvl)
         if m is not None:
@@ -99,7 +105,14 @@ def level_mean(model: PoolModel, levels: Sequence[str]) -> float | None:
     return None
 
 
-def with_prediction(est: Shrunk, predicted: float, mean: float | None, prior_weight: float,
+def predict(model: PoolModel, x: Sequence[float], levels: Sequence[str] = (GLOBAL_LEVEL,)) -> float:
+    """Predicted acceptance rate of one request (features `x`, statistics `levels` most specific first)."""
+    base = level_mean(model, levels)
+    z = (0.5 if base is None else base) + deviation(model, x)
+    return MIN_ALPHA if z < MIN_ALPHA else MAX_ALPHA if z > MAX_ALPHA else z
+
+
+def with_prediction(est: Shrunk, model: PoolModel, x: Sequence[float], levels: Sequence[str], prior_weight: float,
                     learning: Learning) -> Shrunk:
     """`est` with the request's predicted acceptance as its prior (module docstring)."""
     epr = learning.evidence_per_request
@@ -107,9 +120,8 @@ def with_prediction(est: Shrunk, predicted: float, mean: float | None, prior_wei
     if w <= 0:
         return est
     s = est.a + est.b
-    m_learned = est.a / s
-    deviation = predicted - mean if mean is not None else 0.0
-    m = (w * predicted + e * (m_learned + deviation)) / (w + e)
+    delta = deviation(model, x)
+    m = (w * predict(model, x, levels) + e * (est.a / s + delta)) / (w + e)
     m = MIN_ALPHA if m < MIN_ALPHA else MAX_ALPHA if m > MAX_ALPHA else m
     s = max(s, e) + w
     return Shrunk(m * s, (1.0 - m) * s, est.draft_len, est.step_ms, est.n)
@@ -127,7 +139,7 @@ class Sample:
     features: tuple[float, ...]
     drafted: int
     accepted: int
-    levels: tuple[str, ...] = ()   # the statistics levels the record updated (domain, contexts)
+    levels: tuple[str, ...] = ()   # the statistics levels the record updated, most specific first
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -155,17 +167,28 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 
 def fit_pool(samples: Sequence[Sample], ridge: float) -> PoolModel | None:
-    """The ridge fit of one pool's samples (None without a drafted token)."""
+    """The level rates and the ridge fit of one pool's samples (None without a drafted token)."""
     rows = [s for s in samples if s.drafted > 0 and len(s.features) == len(FEATURES)]
     if not rows:
         return None
+    sums: dict[str, list[float]] = {}
+    for s in rows:
+        for lvl in (*s.levels, GLOBAL_LEVEL):
+            acc = sums.setdefault(lvl, [0.0, 0.0, 0.0])
+            acc[0] += min(s.accepted, s.drafted)
+            acc[1] += s.drafted
+            acc[2] += 1
+    kept = sorted((lvl for lvl, v in sums.items() if v[2] >= MIN_LEVEL_RECORDS or lvl == GLOBAL_LEVEL),
+                  key=lambda lvl: (lvl != GLOBAL_LEVEL, -sums[lvl][2], lvl))
+    means = {lvl: sums[lvl][0] / sums[lvl][1] for lvl in kept[:MAX_LEVELS]}
     d = len(FEATURES) + 1                      # bias last
     xtx = [[0.0] * d for _ in range(d)]
     xty = [0.0] * d
     total = 0.0
     for s in rows:
         wgt = float(s.drafted)
-        y = min(1.0, max(0.0, s.accepted / s.drafted))
+        base = next((means[lvl] for lvl in s.levels if lvl in means), means[GLOBAL_LEVEL])
+        y = min(1.0, max(0.0, s.accepted / s.drafted)) - base
         x = (*s.features, 1.0)
         for i in range(d):
             wx = wgt * x[i]
@@ -183,21 +206,10 @@ def fit_pool(samples: Sequence[Sample], ridge: float) -> PoolModel | None:
     for i in range(d - 1):
         xtx[i][i] += lam
     beta = _solve(xtx, xty)
-    model = PoolModel(bias=beta[-1], weights=beta[:-1], records=len(rows))
-    sums: dict[str, list[float]] = {}
-    for s in rows:
-        p = predict(model, s.features)
-        for lvl in s.levels:
-            acc = sums.setdefault(lvl, [0.0, 0.0, 0.0])
-            acc[0] += s.drafted * p
-            acc[1] += s.drafted
-            acc[2] += 1
-    kept = sorted((lvl for lvl, v in sums.items() if v[2] >= MIN_LEVEL_RECORDS), key=lambda lvl: (-sums[lvl][2], lvl))
-    means = {lvl: sums[lvl][0] / sums[lvl][1] for lvl in kept[:MAX_LEVELS]}
-    return model.model_copy(update={"level_means": means})
+    return PoolModel(bias=beta[-1], weights=beta[:-1], records=len(rows), level_means=means)
 
 
-def fit(samples: Iterable[Sample], *, ridge: float = 1.0, prior_weight: float = 10.0, now: float = 0.0) -> Predictor:
+def fit(samples: Iterable[Sample], *, ridge: float = 30.0, prior_weight: float = 30.0, now: float = 0.0) -> Predictor:
     """A predictor for every pool with drafted samples."""
     by_pool: dict[str, list[Sample]] = {}
     for s in samples:

@@ -13,7 +13,13 @@ from pydantic import ValidationError
 
 from router.routing.decide import decide
 from router.routing.estimate import Learning, PoolState, Shrunk
-from router.routing.features import FEATURES, PROMPT_FEATURES, classifier_features, prompt_features, request_features
+from router.routing.features import (
+    FEATURES,
+    PROMPT_FEATURES,
+    classifier_features,
+    prompt_features,
+    request_features,
+)
 from router.routing.policy import default_policy
 from router.routing.predictor import (
     PoolModel,
@@ -28,6 +34,8 @@ from router.routing.predictor import (
 from router.state.predictor import HISTORY_KEY, PREDICTOR_KEY, PredictorTrainer, load, read_samples, sample_of
 from specroute.contracts.context import RequestContext
 from specroute.contracts.feedback import CellStats, build_record, make_recorder, parse_features
+from tests.router.conftest import engines, running_app, settings_for
+from tests.router.fake_engine import FakeConfig
 
 pytestmark = pytest.mark.timeout(30)
 CODE = {"chat": 0.05, "code": 0.9, "math": 0.05}
@@ -84,7 +92,7 @@ def test_fit_recovers_a_linear_acceptance_and_its_level_means() -> None:
     assert predict(mtp, vec(code_fence=1.0, domain_code=1.0)) == pytest.approx(0.7, abs=0.02)
     assert predict(mtp, vec(domain_code=1.0)) == pytest.approx(0.3, abs=0.02)
     assert predict(dfly, vec(non_ascii=1.0, domain_code=1.0)) == pytest.approx(0.2, abs=0.03)
-    assert mtp.level_means["code"] == pytest.approx(0.5, abs=0.03) and "*" in mtp.level_means
+    assert mtp.level_means["code"] == pytest.approx(0.5, abs=0.03) and mtp.level_means["*"] == mtp.level_means["code"]
     # the document round-trips and refuses what does not fit its features
     again = Predictor.model_validate_json(doc.model_dump_json())
     assert again == doc
@@ -99,16 +107,18 @@ def test_fit_recovers_a_linear_acceptance_and_its_level_means() -> None:
 
 def test_prediction_is_the_prior_and_evidence_keeps_its_deviation() -> None:
     learning = Learning()
-    model = PoolModel(bias=0.0, weights=[0.0] * len(FEATURES), records=1, level_means={"code": 0.5})
-    assert level_mean(model, ("d=code|t=0", "code", "*")) == 0.5 and level_mean(model, ("math",)) is None
+    model = PoolModel(bias=0.3, weights=[0.0] * len(FEATURES), records=1, level_means={"code": 0.5, "*": 0.4})
+    levels = ("d=code|t=0", "code", "*")
+    assert level_mean(model, levels) == 0.5 and level_mean(model, ("math",)) is None
+    assert predict(model, vec(), levels) == pytest.approx(0.8) and predict(model, vec(), ("math", "*")) == pytest.approx(0.7)
     fresh = Shrunk(1.0, 1.0, 3.0, 10.0, 0.0)   # no evidence: the prediction stands alone
-    p = with_prediction(fresh, 0.8, 0.5, 10.0, learning)
+    p = with_prediction(fresh, model, vec(), levels, 10.0, learning)
     assert p.a / (p.a + p.b) == pytest.approx(0.8) and (p.draft_len, p.step_ms) == (3.0, 10.0)
     e = 1000.0 * learning.evidence_per_request   # much evidence at 0.3: the level's rate plus the deviation
     rich = Shrunk(0.3 * e, 0.7 * e, 3.0, 10.0, 1000.0)
-    q = with_prediction(rich, 0.8, 0.5, 10.0, learning)
+    q = with_prediction(rich, model, vec(), levels, 10.0, learning)
     assert q.a / (q.a + q.b) == pytest.approx(0.3 + 0.3, abs=0.01)
-    assert with_prediction(rich, 0.8, 0.5, 0.0, learning) == rich
+    assert with_prediction(rich, model, vec(), levels, 0.0, learning) == rich
 
 
 def test_decide_uses_the_prior_and_records_the_features() -> None:
@@ -125,8 +135,9 @@ def test_decide_uses_the_prior_and_records_the_features() -> None:
     fence = FEATURES.index("code_fence")
     w_mtp = [0.0] * len(FEATURES)
     w_mtp[fence] = 0.6
-    doc = Predictor(pools={"mtp": PoolModel(bias=0.3, weights=w_mtp, records=10),
-                           "dfly": PoolModel(bias=0.5, weights=[0.0] * len(FEATURES), records=10)})
+    doc = Predictor(pools={"mtp": PoolModel(bias=0.0, weights=w_mtp, records=10, level_means={"*": 0.3}),
+                           "dfly": PoolModel(bias=0.0, weights=[0.0] * len(FEATURES), records=10,
+                                             level_means={"*": 0.5})})
     learned = doc.model_copy(update={"prior_weight": 10.0})
     d = decide(CODE, 0.1, stats, POOLS, policy, random.Random(0), ctx, prompt, learned)
     assert (d.pool, d.reason) == ("mtp", "learned") and d.scores["mtp"] > d.scores["dfly"]
@@ -192,3 +203,27 @@ async def test_the_gateway_retrains_on_schedule_from_the_feedback_stream(redis_u
         assert await load(client) is None
     finally:
         await client.aclose()
+
+
+async def test_a_served_request_carries_its_features_to_the_worker_and_the_record(redis_url: str) -> None:
+    async with engines(FakeConfig()) as es, running_app(
+        settings_for({"mtp": [es[0].address]}, redis_url, gateway_feedback=True)
+    ) as c:
+        body = {"model": "fake-model", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": "Fix this:\n```python\ndef f(): pass\n```"}]}
+        r = await c.post("/v1/chat/completions", json=body, headers={"x-request-id": "feat-1"})
+        assert r.status_code == 200
+        sent = es[0].servicer.requests[-1]
+        want = dict(zip(FEATURES, sent.features, strict=True))
+        assert want["code_fence"] == 1.0 and want["greedy"] == 1.0 and want["domain_code"] == 1.0
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            for _ in range(100):
+                entries = await client.xrange("{specroute}:feedback")
+                if any(f.get(b"request_id") == b"feat-1" for _, f in entries):
+                    break
+                await asyncio.sleep(0.05)
+            mine = [f for _, f in entries if f.get(b"request_id") == b"feat-1"]
+            assert mine and parse_features(mine[0][b"features"].decode()) == pytest.approx(sent.features, abs=1e-4)
+        finally:
+            await client.aclose()
