@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from router.routing.estimate import Learning, Shrunk
 from router.routing.features import FEATURE_VERSION, FEATURES
 from specroute.contracts.context import GLOBAL_LEVEL
+from specroute.contracts.feedback import MAX_FEATURES
 
 MIN_ALPHA, MAX_ALPHA = 0.01, 0.99
 MIN_LEVEL_RECORDS = 5
@@ -50,7 +51,7 @@ class PoolModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bias: float
-    weights: list[float] = Field(max_length=len(FEATURES))
+    weights: list[float] = Field(max_length=MAX_FEATURES)
     records: int = Field(ge=0, description="feedback records it was fitted on")
     level_means: dict[str, float] = Field(default_factory=dict, max_length=MAX_LEVELS,
                                           description="level (domain, context key or '*') -> pooled acceptance of its records")
@@ -69,7 +70,7 @@ class Predictor(BaseModel):
 
     version: int = Field(default=0, ge=0, description="set by the store")
     feature_version: int = FEATURE_VERSION
-    features: list[str] = Field(default_factory=lambda: list(FEATURES), max_length=64)
+    features: list[str] = Field(default_factory=lambda: list(FEATURES), max_length=MAX_FEATURES)
     pools: dict[str, PoolModel] = Field(default_factory=dict, max_length=MAX_POOL_MODELS)
     prior_weight: float = Field(default=30.0, ge=0.0, le=1e6, description="requests of evidence a prediction is worth")
     ridge: float = Field(default=30.0, ge=0.0)
