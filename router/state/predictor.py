@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -90,7 +90,8 @@ class PredictorTrainer:
     """Holds the predictor the gateway decides with (`current`) and retrains it on schedule."""
 
     def __init__(self, client: Any, *, check_s: float, retrain_s: float, records: int, min_records: int,
-                 ridge: float, prior_weight: float, on_error: Any = None) -> None:
+                 ridge: float, prior_weight: float,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.client = client
         self.check_s, self.retrain_s = check_s, retrain_s
         self.records, self.min_records = records, min_records
