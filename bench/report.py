@@ -416,7 +416,10 @@ def render_docs(ctx: Ctx) -> str:
         out += ["", f"## {name.capitalize()}", "", render_block(ctx, name).rstrip("\n")]
     out += ["", "## Acceptance at every temperature", ""] + acceptance_full(ctx)
     for name in sorted(n for n in files if n.startswith("routing") and n.endswith(".json") and n != "routing-ties.json"):
-        out += ["", f"## `{name}`", ""] + routing_file(ctx, name)
+        if name == PREDICTOR_FILE:
+            out += ["", f"## `{name}`", ""] + predictor_file(ctx, name)
+        else:
+            out += ["", f"## `{name}`", ""] + routing_file(ctx, name)
     out += ["", "## Classifier by language and script (grouped, nested calibration)", ""] + classifier_tables(ctx)
     return "\n".join(out) + "\n"
 
@@ -432,6 +435,30 @@ def acceptance_full(ctx: Ctx) -> list[str]:
                    f"{r['mean_accepted_length']:.2f} | {r['speedup']:.2f}x | {r['prompts']} | "
                    f"{r['lossless_checked']} / {r['lossless_mismatches']} |")
     return out + sources(ctx)
+
+
+PREDICTOR_FILE = "routing-predictor.json"   # `specroute sim predictor`, not a bench routing run
+
+
+def predictor_file(ctx: Ctx, name: str) -> list[str]:
+    """Per policy and scenario: the request oracle's gain over the best static fleet, each routed arm's
+    gain, the share of the oracle's gain `predicted` captures and its paired regret."""
+    ctx.cited = set()
+    doc = ctx.load(name)
+    out: list[str] = []
+    for pol, r in doc["policies"].items():
+        err = r["held_out_error"]
+        out += [f"Policy `{pol}`; predictor held-out R² against the context rates: "
+                + ", ".join(f"{m} {v['r2_vs_context_rate']}" for m, v in err.items()) + ".", "",
+                "| scenario | best static | oracle gain | learned | predicted | perfect prior | captured | paired regret |",
+                "|---|---|---|---|---|---|---|---|"]
+        for scen, v in r["scenarios"].items():
+            g = v["gain_over_best_static"]
+            out.append(f"| {scen} | {v['best_static_fleet']} | {g['request-oracle']:+.1%} | {g['learned']:+.1%} | "
+                       f"{g['predicted']:+.1%} | {g['perfect-prior']:+.1%} | {v['captured']['predicted']} | "
+                       f"{v['paired_regret_median'].get('predicted', 0.0):.1%} |")
+        out.append("")
+    return out[:-1] + sources(ctx)
 
 
 def routing_file(ctx: Ctx, name: str) -> list[str]:

@@ -48,6 +48,7 @@ class GenRequest:
     domain: str = ""
     pool: str = ""
     context: str = ""               # the gateway's request context key, for statistics
+    features: tuple[float, ...] = ()  # the gateway's request features, copied into the feedback record
     mode: str = ""                  # engine mode on a multi-mode worker ("": its default)
     temperature_bucket: str = ""    # "0" | "low" | "high", as the gateway computed it (GenerateRequest)
     # a continuation: the last `prefix_len` prompt ids are completion tokens another worker already

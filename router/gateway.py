@@ -36,6 +36,7 @@ from router.routing.policy import Policy, default_policy, fallback_order
 from router.routing.shadow import Comparison, compare, predicted_goodput
 from router.settings import Settings
 from router.state.conversations import Conversations
+from router.state.predictor import PredictorTrainer
 from router.state.responses import ResponseStore
 from router.state.shadow import ShadowTally
 from router.state.snapshot import Snapshot, SnapshotSync
@@ -112,6 +113,12 @@ class Gateway:
         self.shadow_rng = random.Random(settings.seed)   # the shadow's draws leave the live ones unchanged
         self.shadow_tally = ShadowTally()
         self._feedback: FeedbackWriter | None = None
+        self.predictor = (PredictorTrainer(
+            self.store.client, check_s=settings.predictor_check_s, retrain_s=settings.predictor_retrain_s,
+            records=settings.predictor_records, min_records=settings.predictor_min_records,
+            ridge=settings.predictor_ridge, prior_weight=settings.predictor_prior_weight,
+            on_error=lambda _exc: self.metrics.redis_errors.inc()) if self.store is not None and settings.predictor
+            else None)
         self.series = SeriesSampler(self.store, settings.timeseries_interval_s, settings.timeseries_retention_s,
                                     self._mal_cells, self.sync.redis_error)
         self.tracing = make_tracing(settings.tracing, settings.trace_exporter, settings.otlp_endpoint)
@@ -127,6 +134,8 @@ class Gateway:
         self._tasks += await self.sync.start()
         self._tasks += await self.keys.start()
         self._tasks += self.series.start()
+        if self.predictor is not None:
+            self._tasks += self.predictor.start()
         if self.store is not None and self.settings.gateway_feedback:
             self._feedback = FeedbackWriter(self.store.client, on_error=self._feedback_lost)
             self._tasks.append(self._feedback.start())
@@ -136,6 +145,8 @@ class Gateway:
         """Stop every background task (refresh, policy listener, feedback, classifier retry) and wait
         for it, then close the pools (health/Load poller, channels) and the Redis client."""
         self.sync.closing = self.classifier.closing = self.keys.closing = self.series.closing = True
+        if self.predictor is not None:
+            self.predictor.closing = True
         try:
             await self.conversations.flush()
             await stop_tasks(self._tasks)
@@ -217,15 +228,18 @@ class Gateway:
         return self.classifier(messages)
 
     def route(self, probs: Mapping[str, float], uncertainty: float, allowed: Sequence[str] = (),
-              context: RequestContext | None = None, turn: Turn | None = None) -> Routed:
+              context: RequestContext | None = None, turn: Turn | None = None,
+              features: Sequence[float] = ()) -> Routed:
         """The pool for a request; `allowed` (an API key's pools, empty: all) limits where it may go;
-        `turn`: the conversation it continues (router/routing/conversation.py). The shadow policy, if
-        any, decides beside it (not served; router/routing/shadow.py)."""
+        `turn`: the conversation it continues (router/routing/conversation.py); `features`: the prompt
+        part of its features (router/routing/features.py). The shadow policy, if any, decides beside it
+        (not served; router/routing/shadow.py)."""
         snap = self.snapshot
+        predictor = self.predictor.current if self.predictor is not None else None
         states = self.pools.states()
         if allowed:
             states = {p: st if p in allowed else PoolState(healthy=False) for p, st in states.items()}
-        d = fresh = decide(probs, uncertainty, snap.cells, states, snap.policy, self.rng, context)
+        d = fresh = decide(probs, uncertainty, snap.cells, states, snap.policy, self.rng, context, features, predictor)
         verdict = None
         if turn is not None:
             pol = snap.policy
@@ -245,7 +259,8 @@ class Gateway:
                 self.metrics.fallbacks_by(*labels).inc()
         shadow = None
         if snap.shadow is not None:
-            sd = decide(probs, uncertainty, snap.cells, states, snap.shadow.policy, self.shadow_rng, context)
+            sd = decide(probs, uncertainty, snap.cells, states, snap.shadow.policy, self.shadow_rng, context,
+                        features, predictor)
             shadow = compare(fresh, sd, snap.cells, states, snap.policy.learning)
             if self.shadow_tally.shadow_id != snap.shadow.id:
                 self.shadow_tally = ShadowTally(snap.shadow.id)

@@ -208,6 +208,16 @@ class Settings(BaseSettings):
     gateway_feedback: bool = Field(
         default=False, description="also write per-request feedback from the gateway (for workers that do not)"
     )
+    # the per-request acceptance predictor (router/routing/predictor.py, router/state/predictor.py): the
+    # policy's prior, refitted every `predictor_retrain_s` from the newest feedback records
+    predictor: bool = Field(default=True, description="use (and retrain) the per-request acceptance predictor")
+    predictor_check_s: float = Field(default=30.0, gt=0, description="how often a gateway checks the stored predictor")
+    predictor_retrain_s: float = Field(default=600.0, gt=0, description="refit when the stored predictor is this old")
+    predictor_records: int = Field(default=5000, ge=1, le=100_000, description="newest feedback records a fit reads")
+    predictor_min_records: int = Field(default=200, ge=1, description="records with features a fit needs")
+    predictor_ridge: float = Field(default=30.0, ge=0.0, description="ridge penalty of the fit")
+    predictor_prior_weight: float = Field(default=30.0, ge=0.0,
+                                          description="requests of evidence a per-request prediction is worth")
     # HTTP connections (router/http/guard.py): a client gets this long to send a request's headers,
     # then its body; idle keep-alive connections close after `keepalive_timeout_s`; connections over
     # `max_connections` get a 503 at once

@@ -7,6 +7,7 @@
     specroute sim profile --out bench/results/sim-profile-cpu.json                 # this machine's step costs
     specroute sim calibrate --out bench/results/sim-calibration.json               # against bench routing
     specroute sim hy3 --out bench/results/sim-hy3.json                             # against AngelSpec's Hy3 table
+    specroute sim predictor --out bench/results/routing-predictor.json             # per-request prediction, replayed
 
 A fleet file: {"workers": [{"name": "w0", "modes": ["mtp", "dfly"], "max_running": 32}],
 "pools": {"mtp": [["w0", "mtp"]], "dfly": [["w0", "dfly"]]}}; a policy file is the operator's document
@@ -160,6 +161,32 @@ def main(argv: list[str]) -> int:
         s = doc["summary"]
         print(f"{s['within_10pct']}/{s['cells']} arm x scenario within 10% (max |error| {s['max_abs_relative_error']})")
         return 0
+    if sub == "predictor":
+        ap = argparse.ArgumentParser(prog="specroute sim predictor")
+        ap.add_argument("--traffic", type=Path, default=Path("bench/results/sim-traffic-routing.jsonl.gz"))
+        ap.add_argument("--profile", type=Path, default=Path("bench/results/sim-profile-cpu.json"))
+        ap.add_argument("--run", type=Path, default=Path("bench/results/routing.json"),
+                        help="the bench routing run the traffic came from (its seed and sizes regenerate the prompts)")
+        ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+        ap.add_argument("--ridge", type=float, default=30.0)
+        ap.add_argument("--prior-weight", type=float, default=30.0)
+        ap.add_argument("--seed", type=int, default=0)
+        ap.add_argument("--out", type=Path, default=Path("bench/results/routing-predictor.json"))
+        a = ap.parse_args(rest)
+        from bench.sim.core import TableProfile
+        from bench.sim.predictor import run_predictor
+        from bench.sim.traffic import read_traffic
+
+        doc = run_predictor(read_traffic(a.traffic), TableProfile.from_doc(_read_json(a.profile)),
+                            _read_json(a.run)["meta"], a.data, ridge=a.ridge, prior_weight=a.prior_weight, seed=a.seed)
+        doc["meta"] = {"command": _command(argv), "replayed": True, "traffic": str(a.traffic),
+                       "profile": str(a.profile), "run": str(a.run), **doc["meta"]}
+        _write(doc, a.out)
+        for name, r in doc["policies"].items():
+            p = r["summary"]["predicted"]
+            print(f"{name} policy: predicted captures {p['captured_mean']} of the request oracle's gain on average "
+                  f"(worst scenario {p['captured_min']}), worst paired regret {p['paired_regret_max']}")
+        return 0
     if sub == "hy3":
         ap = argparse.ArgumentParser(prog="specroute sim hy3")
         ap.add_argument("--out", type=Path, default=Path("bench/results/sim-hy3.json"))
@@ -177,4 +204,5 @@ def main(argv: list[str]) -> int:
             print(f"simulated learned vs best static fleet at {load}: "
                   + ", ".join(f"{s} {g:+.1%}" for s, g in gains.items()))
         return 0
-    raise UserError(f"unknown sim command {sub!r} (traffic, profile, calibrate, hy3, or options for a what-if run)")
+    raise UserError(f"unknown sim command {sub!r} (traffic, profile, calibrate, hy3, predictor, or options for a "
+                    "what-if run)")

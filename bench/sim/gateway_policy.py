@@ -6,7 +6,10 @@ the simulator.
 - `PoolState`: what the decision knows of a pool's health and load (its load term);
 - `learn`: the statistics update a worker's feedback record makes (the Redis script's pure reference,
   applied to every level the record updates);
-- `choose_endpoint`: batch affinity's choice of a worker within a pool.
+- `choose_endpoint`: batch affinity's choice of a worker within a pool;
+- `prompt_features`, `request_features`, `fit`, `Sample`, `Predictor`, `PoolModel`, `predict`,
+  `level_mean`: the per-request acceptance predictor's features and fit (bench/sim/predictor.py);
+- `level_keys`: the statistics levels of a request.
 """
 
 from __future__ import annotations
@@ -17,12 +20,21 @@ from collections.abc import Sequence
 from router.routing.affinity import Candidate, choose
 from router.routing.decide import Decision, decide
 from router.routing.estimate import PoolState
+from router.routing.features import prompt_features, request_features
 from router.routing.policy import Policy, default_policy
-from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, context_keys_for, temperature_bucket
+from router.routing.predictor import PoolModel, Predictor, Sample, fit, level_mean, predict
+from specroute.contracts.context import (
+    GLOBAL_LEVEL,
+    RequestContext,
+    context_keys_for,
+    level_keys,
+    temperature_bucket,
+)
 from specroute.contracts.feedback import CellStats, FeedbackRecord, decay_update
 
-__all__ = ["Candidate", "CellStats", "Decision", "FeedbackRecord", "Policy", "PoolState", "RequestContext",
-           "choose_endpoint", "decide", "default_policy", "kind_of", "learn"]
+__all__ = ["GLOBAL_LEVEL", "Candidate", "CellStats", "Decision", "FeedbackRecord", "Policy", "PoolModel",
+           "PoolState", "Predictor", "RequestContext", "Sample", "choose_endpoint", "decide", "default_policy", "fit",
+           "kind_of", "learn", "level_keys", "level_mean", "predict", "prompt_features", "request_features"]
 
 Stats = dict[tuple[str, str], CellStats]
 

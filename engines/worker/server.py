@@ -123,7 +123,7 @@ def build_request(r: pb.GenerateRequest, backend, default_max_tokens: int, deadl
         raise InvalidRequest(str(exc)) from None
     return GenRequest(prompt_ids=ids, params=params, max_tokens=max_tokens, stop=tuple(r.stop),
                       request_id=r.request_id, deadline=deadline, disable_dcut=r.disable_dcut,
-                      domain=r.domain, pool=r.pool, context=r.context, mode=r.mode,
+                      domain=r.domain, pool=r.pool, context=r.context, features=tuple(r.features), mode=r.mode,
                       temperature_bucket=r.temperature_bucket or temperature_bucket(params.temperature),
                       prefix_len=len(prefix), prefix_chars=r.prefix_chars, constraint=constraint)
 
@@ -264,7 +264,8 @@ class EngineService(pb_grpc.EngineServicer):
                 self.feedback.put(build_record(
                     request_id=req.request_id, pool=req.pool or self.settings.pool, domain=req.domain,
                     context=req.context, engine=req.mode or self.backend.info.engine, tokens=st.completion_tokens,
-                    counts=(acc.drafted, acc.accepted, acc.steps), wall_s=st.wall_s, ttft_s=st.ttft_s))
+                    counts=(acc.drafted, acc.accepted, acc.steps), wall_s=st.wall_s, ttft_s=st.ttft_s,
+                    features=req.features))
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateChunk]:

@@ -25,6 +25,7 @@ from router.http.errors import APIError, validation_error
 from router.keys.ratelimit import ADMITTED, Verdict
 from router.keys.ring import ApiKey
 from router.routing.conversation import conversation_key, history_chars
+from router.routing.features import prompt_features
 from specroute.contracts.context import RequestContext, request_context
 from specroute.contracts.limits import prompt_byte_limit, text_bytes, too_long_message
 
@@ -45,6 +46,7 @@ class Admitted:
     context: RequestContext         # script, temperature bucket, size (the domain comes with routing)
     conversation: tuple[str, str] | None = None  # (source, key) of the conversation it continues
     history_chars: int = 0          # characters of the history a worker prefills (all but the new message)
+    features: tuple[float, ...] = ()  # the prompt part of its features (router/routing/features.py)
 
     @property
     def stream(self) -> bool:
@@ -115,7 +117,8 @@ async def admit(g: Gateway, headers: Headers, receive: Receive, *, api: Api, rid
         header = headers.conversation.decode("latin-1") if headers.conversation else None
         conv = conversation_key(header, body.user, messages, key.name if key is not None else "")
         hist = history_chars(messages, sum(len(t) for t in texts)) if conv is not None else 0
-    return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n), conv, hist)
+    return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n), conv, hist,
+                    prompt_features(texts, body.temperature))
 
 
 def parse_body(api: Api, raw: bytes) -> Body:

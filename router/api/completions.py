@@ -165,7 +165,7 @@ def route(g: Gateway, ex: Exchange) -> Decision:
     if not probs and label:
         probs = {label: 1.0}
     t_dec = time.time_ns() if tr is not None else 0
-    routed = g.route(probs, unc, req.pools, req.context, ex.turn)
+    routed = g.route(probs, unc, req.pools, req.context, ex.turn, req.features)
     d = ex.decision = routed.decision
     if routed.shadow is not None:
         ex.shadow_pool = routed.shadow.shadow_pool or "none"

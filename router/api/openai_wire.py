@@ -49,7 +49,7 @@ def generate_request(body: Body, request_id: str, d: Decision, choice: int = 0) 
     here; choice i of a seeded request is seeded with `seed + i` (wrapping within int64)."""
     ctx = d.context
     req = engine_pb2.GenerateRequest(request_id=request_id, domain=d.domain, context=ctx.key,
-                                     temperature_bucket=ctx.temperature)
+                                     temperature_bucket=ctx.temperature, features=d.features)
     if isinstance(body, ChatCompletionRequest):
         fill_chat(req, body)   # messages, tools and grammar (router/api/structured.py)
     else:
@@ -158,7 +158,7 @@ def gateway_record(d: Decision, pool: str, col: Collected, worker_s: float, requ
     """The acceptance feedback of one served request, as the gateway saw it (`--gateway-feedback`)."""
     return build_record(request_id=request_id, pool=pool, domain=d.domain, context=d.context.key, engine="gateway",
                         tokens=col.completion_tokens or col.num_tokens, counts=col.counts(), wall_s=worker_s,
-                        ttft_s=col.ttft_s)
+                        ttft_s=col.ttft_s, features=d.features)
 
 
 # -- response ------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ Order of precedence (first match wins):
                 `exploration_rate` 0 turns both off). A pool that does not speculate (`ar`) has no
                 acceptance to learn per domain: its evidence is counted over every domain.
 5. `learned`    another candidate whose expected goodput beats the default pool's by
-                `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics).
+                `switch_margin` (Thompson sampling or UCB over decayed acceptance statistics; with
+                an acceptance predictor, its estimate for this request is the prior of those
+                statistics and counts as `prior_weight` requests of evidence: router/routing/predictor.py).
 6. `default`    the domain's default pool.
 
 Whenever the chosen pool is drained or unhealthy the decision walks `fallback_order(policy)` (the
@@ -36,18 +38,21 @@ pool is a candidate like any other) and how much its D-Cut drafts now:
 with `k` the draft length per step (after D-Cut; 0 for `ar`), `alpha` the acceptance rate (sampled
 from a Beta posterior built from decayed counts), `step_ms` the observed decode time per step and
 `b` the requests running per endpoint. The decision carries the request's context (its key goes to
-the worker for the feedback record).
+the worker for the feedback record), and so do its features (router/routing/features.py: the prompt
+part computed at admit, the classifier part here), which the predictor is trained from.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.routing.estimate import PoolState, goodput, pool_estimate
+from router.routing.features import request_features
 from router.routing.policy import UNKNOWN_DOMAIN, WILDCARD, Policy, fallback_order
+from router.routing.predictor import Predictor, predictions, with_prediction
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, level_keys
 from specroute.contracts.feedback import CellStats
 
@@ -60,6 +65,9 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)
     # the request's context, its domain filled in when known (its `key` is "" without one)
     context: RequestContext = RequestContext()
+    # the request's features (router/routing/features.py `FEATURES`; empty without its prompt part):
+    # they go to the worker for the feedback record, which the predictor is trained from
+    features: tuple[float, ...] = ()
 
 
 # (level, pool) -> decayed stats; a level is a domain, a context key or "*" (specroute/contracts/context.py)
@@ -82,17 +90,23 @@ def decide(
     policy: Policy,
     rng: random.Random,
     context: RequestContext | None = None,
+    prompt_features: Sequence[float] = (),
+    predictor: Predictor | None = None,
 ) -> Decision:
     """Choose a pool for one request. Pure: all inputs explicit, randomness from `rng`. `context`
-    holds the request's buckets (its domain is the one chosen here)."""
+    holds the request's buckets (its domain is the one chosen here); `prompt_features` the prompt
+    part of its features (computed at admit) and `predictor` the acceptance predictor, whose
+    per-request estimate is the prior of the learned statistics."""
     domain = top_domain(probabilities)
+    features = request_features(prompt_features, probabilities, uncertainty)
     drained = set(policy.drained)
     learning = policy.learning
     base = context if context is not None else RequestContext()
     ctx = base.with_domain(domain) if context is not None and domain != UNKNOWN_DOMAIN else None
 
     def out(pool: str | None, reason: str, scores: dict[str, float] | None = None) -> Decision:
-        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx if ctx is not None else base)
+        return Decision(pool, domain, reason, scores if scores is not None else {}, ctx if ctx is not None else base,
+                        features)
 
     def available(p: str) -> bool:
         st = pools.get(p)
@@ -132,18 +146,26 @@ def decide(
         cands = [p for p in (policy.candidates.get(domain) or policy.pools) if available(p)]
         levels = level_keys(domain, ctx) if learning.contexts else (domain,)
         ests = {p: pool_estimate(stats, levels, p, learning) for p in cands}
+        prior: dict[str, float] = {}   # requests of evidence the predictor's prior adds to a pool
+        if predictor is not None:
+            for p, model in predictions(predictor, features, cands).items():
+                est, st = ests[p], pools.get(p)
+                if est is not None and (st is None or st.speculative):
+                    ests[p] = with_prediction(est, model, features, levels, predictor.prior_weight, learning)
+                    prior[p] = predictor.prior_weight
 
         def evidence(p: str) -> float:
-            """Requests of evidence on `p` that gate trusting it: in the domain, or over every domain for a
-            pool that does not speculate (its step rate is all there is to learn, and it is the same for
-            chat, code and math: warming it up per domain only sends slow requests there)."""
+            """Requests of evidence on `p` that gate trusting it: in the domain (plus what the predictor's
+            prior is worth, when it predicts `p`), or over every domain for a pool that does not speculate
+            (its step rate is all there is to learn, and it is the same for chat, code and math: warming
+            it up per domain only sends slow requests there)."""
             est, st = ests[p], pools.get(p)
             if est is None:
                 return 0.0
             if st is not None and not st.speculative:
                 top = stats.get((GLOBAL_LEVEL, p))
                 return max(est.n, top.n if top is not None else 0.0)
-            return est.n
+            return est.n + prior.get(p, 0.0)
         # 4. exploration keeps every candidate's statistics fresh; a candidate without `min_samples`
         # requests of evidence in this domain is explored at the (higher) warm-up rate until it has them
         # (exploration_rate 0 turns all exploration off)

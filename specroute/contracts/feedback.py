@@ -8,7 +8,8 @@ wing (`router/`, `engines/`); `redis` only through the client you pass in.
 Redis layout (prefix `{specroute}:`, a hash tag, so that a Redis Cluster serves every key the update
 script names from one slot; see docs/redis-layout.md), one schema:
 
-- `{specroute}:feedback`: stream, one entry per finished request, capped with `MAXLEN ~`.
+- `{specroute}:feedback`: stream, one entry per finished request, capped with `MAXLEN ~` (its counts,
+  context and the gateway's request features: what the acceptance predictor is trained from).
 - `{specroute}:stats:v2:all:<pool>`: every request of the pool (the global level).
 - `{specroute}:stats:v2:ctx:<level>:<pool>`: one level of a request's back-off
   (specroute/contracts/context.py `level_keys`): its domain (`code`), coarse context (`d=code|t=0`) and
@@ -34,7 +35,7 @@ and `CellStats.decayed_to` is what readers use to age a snapshot to "now".
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +51,8 @@ DEFAULT_STREAM_MAXLEN = 100_000
 CONTEXT_INDEX = PREFIX + "stats:v2:index"
 MAX_CONTEXT_CELLS = 2048
 CONTEXT_MIN_TTL_S = 3600
+
+MAX_FEATURES = 64   # features a record carries at most
 
 STAT_FIELDS: tuple[str, ...] = ("n", "tokens", "drafted", "accepted", "steps", "decode_ms", "ttft_ms", "wall_ms")
 
@@ -90,6 +93,7 @@ class FeedbackRecord:
     request_id: str = ""
     engine: str = ""
     context: str = ""  # the gateway's request context key (specroute/contracts/context.py)
+    features: tuple[float, ...] = ()  # the gateway's request features (router/routing/features.py), for the predictor
 
     def values(self) -> dict[str, float]:
         """The additive contribution of this record to the aggregates (one request)."""
@@ -106,13 +110,34 @@ class FeedbackRecord:
 
 
 def build_record(*, request_id: str, pool: str, domain: str, context: str, engine: str, tokens: int,
-                 counts: tuple[int, int, int], wall_s: float, ttft_s: float) -> FeedbackRecord:
+                 counts: tuple[int, int, int], wall_s: float, ttft_s: float,
+                 features: Sequence[float] = ()) -> FeedbackRecord:
     """The one way a record is made, by a worker or a gateway: `counts` = (drafted, accepted, steps),
-    times in seconds; an empty domain is `unknown`."""
+    times in seconds; an empty domain is `unknown`; at most `MAX_FEATURES` finite features are kept
+    (none otherwise)."""
     drafted, accepted, steps = counts
+    feats = tuple(float(x) for x in features)
+    if len(feats) > MAX_FEATURES or not all(math.isfinite(x) for x in feats):
+        feats = ()
     return FeedbackRecord(pool=pool, domain=domain or "unknown", tokens=tokens, drafted=drafted, accepted=accepted,
                           steps=steps, wall_ms=wall_s * 1000.0, ttft_ms=ttft_s * 1000.0, request_id=request_id,
-                          engine=engine, context=context)
+                          engine=engine, context=context, features=feats)
+
+
+def format_features(features: Sequence[float]) -> str:
+    """A record's features as its stream entry holds them (comma-separated, 4 decimals; "" for none)."""
+    return ",".join(f"{x:.4f}" for x in features)
+
+
+def parse_features(text: str) -> tuple[float, ...]:
+    """The features of a stream entry (`format_features`); () when absent or malformed."""
+    if not text:
+        return ()
+    try:
+        out = tuple(float(x) for x in text.split(",", MAX_FEATURES))
+    except ValueError:
+        return ()
+    return out if len(out) <= MAX_FEATURES and all(math.isfinite(x) for x in out) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +312,7 @@ def script_args(
         "request_id": rec.request_id,
         "engine": rec.engine,
         "context": levels[1] if len(levels) > 1 else "",
+        "features": format_features(rec.features),
     }
     argv = [repr(float(default_half_life_s)), str(int(maxlen)), str(int(index_cap)), str(int(min_ttl_s))]
     argv += [repr(vals[k]) for k in STAT_FIELDS]

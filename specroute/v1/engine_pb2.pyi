@@ -33,7 +33,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "temperature_bucket", "prefix_token_ids", "prefix_chars", "grammar", "tools_json", "logprobs", "top_logprobs")
+    __slots__ = ("request_id", "messages", "prompt", "sampling", "max_tokens", "stop", "domain", "pool", "disable_dcut", "coalesce", "context", "mode", "features", "temperature_bucket", "prefix_token_ids", "prefix_chars", "grammar", "tools_json", "logprobs", "top_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class GenerateRequest(_message.Message):
     COALESCE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_BUCKET_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CHARS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +66,7 @@ class GenerateRequest(_message.Message):
     coalesce: bool
     context: str
     mode: str
+    features: _containers.RepeatedScalarFieldContainer[float]
     temperature_bucket: str
     prefix_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prefix_chars: int
@@ -72,7 +74,7 @@ class GenerateRequest(_message.Message):
     tools_json: str
     logprobs: bool
     top_logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., temperature_bucket: _Optional[str] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., prefix_chars: _Optional[int] = ..., grammar: _Optional[str] = ..., tools_json: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., pool: _Optional[str] = ..., disable_dcut: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., context: _Optional[str] = ..., mode: _Optional[str] = ..., features: _Optional[_Iterable[float]] = ..., temperature_bucket: _Optional[str] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., prefix_chars: _Optional[int] = ..., grammar: _Optional[str] = ..., tools_json: _Optional[str] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "token_bytes", "logprob", "top")

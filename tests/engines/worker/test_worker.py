@@ -169,10 +169,11 @@ def test_feedback_reaches_redis(ar_worker, redis_srv):
 
 
 def test_feedback_carries_the_request_context(ar_worker, redis_srv):
-    """The gateway's context (GenerateRequest.context) reaches the v2 per-context statistics."""
+    """The gateway's context (GenerateRequest.context) reaches the v2 per-context statistics, and its
+    features (GenerateRequest.features) the stream entry the predictor is trained from."""
     r = redis.Redis.from_url(redis_srv.url)
     ctx = "d=math|s=cyrillic|t=0|l=short"
-    collect(ar_worker.stub, chat("2+2?", 3, domain="math", context=ctx, request_id="req-ctx"))
+    collect(ar_worker.stub, chat("2+2?", 3, domain="math", context=ctx, request_id="req-ctx", features=[0.25, 1.0]))
     t_end = time.monotonic() + 5
     while r.zscore("{specroute}:stats:v2:index", f"{ctx}:ar-pool") is None and time.monotonic() < t_end:
         time.sleep(0.05)
@@ -180,7 +181,7 @@ def test_feedback_carries_the_request_context(ar_worker, redis_srv):
     assert float(r.hget("{specroute}:stats:v2:ctx:d=math|t=0:ar-pool", "n")) >= 1
     assert float(r.hget("{specroute}:stats:v2:all:ar-pool", "n")) >= 1
     entry = next(e for _, e in r.xrevrange("{specroute}:feedback", count=10) if e[b"request_id"] == b"req-ctx")
-    assert entry[b"context"] == ctx.encode()
+    assert entry[b"context"] == ctx.encode() and entry[b"features"] == b"0.2500,1.0000"
 
 
 def test_redis_down_is_counted_not_fatal(bundle, start_worker):

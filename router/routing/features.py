@@ -1,0 +1,106 @@
+"""Cheap features of one request for the acceptance predictor (router/routing/predictor.py). Pure: no
+I/O, no tokenizer, no model; a few C-level passes over at most `SAMPLE_CHARS` characters of the prompt.
+
+Two parts, joined into one vector in `FEATURES` order:
+
+- prompt features (`prompt_features`, computed at admit from the prompt texts and the temperature):
+  size, code fences and code punctuation, requested-format words (JSON, table, list, ...), cues that
+  the answer copies the prompt (quoted or fenced text, "rewrite / fix / translate / convert ..."),
+  cues of a short or a long answer, the share of non-ASCII characters (the language) and of digits,
+  and the temperature;
+- classifier features (`classifier_features`, computed by the decision from the classifier's
+  probabilities and uncertainty): the top domain as one-hot, the margin between the top two
+  probabilities and the uncertainty.
+
+Every feature lies in [0, 1] (sizes on a log scale), so one ridge penalty suits them all. The vector
+is versioned (`FEATURE_VERSION`): a predictor trained on another version's vector is not used.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+FEATURE_VERSION = 1
+SAMPLE_CHARS = 4096   # of the last prompt text, for the cue counts (size counts every text)
+
+PROMPT_FEATURES: tuple[str, ...] = (
+    "log_chars",        # log(1 + prompt characters) / 12, capped at 1
+    "log_lines",        # log(1 + prompt lines) / 6
+    "code_fence",       # the prompt holds a ``` fence
+    "code_punct",       # share of code punctuation ({}();=<>[]) among the characters, x 10, capped at 1
+    "format_words",     # asks for a format: json, table, list, markdown, yaml, csv, bullet (one each, capped at 3) / 3
+    "copy_cues",        # rewrite, fix, translate, convert, refactor, correct, edit, ... (capped at 3) / 3
+    "quoted_share",     # share of the characters inside quotes or a fence
+    "short_cues",       # briefly, one word, one sentence, concise, only the answer, ...
+    "long_cues",        # explain, detailed, step by step, essay, story, ...
+    "non_ascii",        # share of non-ASCII characters
+    "digits",           # share of digits, x 5, capped at 1
+    "greedy",           # temperature below 1e-3
+    "temperature",      # temperature / 2, capped at 1 (an absent one is OpenAI's 1)
+)
+DOMAIN_FEATURES: tuple[str, ...] = ("domain_chat", "domain_code", "domain_math")
+CLASSIFIER_FEATURES: tuple[str, ...] = (*DOMAIN_FEATURES, "margin", "uncertainty")
+FEATURES: tuple[str, ...] = (*PROMPT_FEATURES, *CLASSIFIER_FEATURES)
+
+_FORMAT = re.compile(r"\b(json|table|list|markdown|yaml|csv|bullet|xml|html)s?\b", re.IGNORECASE)
+_COPY = re.compile(r"\b(rewrite|rephrase|paraphrase|fix|correct|translate|convert|refactor|edit|modify|"
+                   r"proofread|reformat|format|improve|complete|continue|repeat|copy)\w*", re.IGNORECASE)
+_SHORT = re.compile(r"\b(brief\w*|concise\w*|one (word|sentence|line)|short\w*|only the answer|just the answer|"
+                    r"yes or no|in \d+ words)\b", re.IGNORECASE)
+_LONG = re.compile(r"\b(explain\w*|detail\w*|step[- ]by[- ]step|essay|story|elaborate|describe|discuss|"
+                   r"comprehensive|in depth)\b", re.IGNORECASE)
+_QUOTED = re.compile(r"```.*?(```|$)|\"[^\"\n]{8,}\"|“[^”\n]{8,}”|`[^`\n]{8,}`", re.DOTALL)
+_PUNCT = str.maketrans("", "", "{}();=<>[]")
+
+
+def _cap(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def prompt_features(texts: Sequence[str], temperature: float | None) -> tuple[float, ...]:
+    """The prompt part of the vector (`PROMPT_FEATURES` order): cues from the last non-empty text (its
+    first `SAMPLE_CHARS` characters), size over every text."""
+    chars = sum(len(t) for t in texts)
+    lines = sum(t.count("\n") + 1 for t in texts if t)
+    last = next((t for t in reversed(texts) if t.strip()), "")[:SAMPLE_CHARS]
+    n = max(len(last), 1)
+    punct = len(last) - len(last.translate(_PUNCT))
+    quoted = sum(m.end() - m.start() for m in _QUOTED.finditer(last))
+    ascii_chars = len(last.encode("ascii", "ignore"))
+    digits = sum(c.isdigit() for c in last) if last else 0
+    temp = 1.0 if temperature is None else float(temperature)
+    return (
+        _cap(math.log1p(chars) / 12.0),
+        _cap(math.log1p(lines) / 6.0),
+        1.0 if "```" in last else 0.0,
+        _cap(10.0 * punct / n),
+        min(len(_FORMAT.findall(last)), 3) / 3.0,
+        min(len(_COPY.findall(last)), 3) / 3.0,
+        _cap(quoted / n),
+        1.0 if _SHORT.search(last) else 0.0,
+        1.0 if _LONG.search(last) else 0.0,
+        _cap(1.0 - ascii_chars / n) if last else 0.0,
+        _cap(5.0 * digits / n),
+        1.0 if temp < 1e-3 else 0.0,
+        _cap(temp / 2.0),
+    )
+
+
+def classifier_features(probabilities: Mapping[str, float], uncertainty: float) -> tuple[float, ...]:
+    """The classifier part of the vector (`CLASSIFIER_FEATURES` order)."""
+    ps = sorted(probabilities.values(), reverse=True)
+    top = max(probabilities, key=lambda d: probabilities[d]) if probabilities else ""
+    margin = (ps[0] - (ps[1] if len(ps) > 1 else 0.0)) if ps else 0.0
+    return (*(1.0 if f"domain_{top}" == name else 0.0 for name in DOMAIN_FEATURES),
+            _cap(margin), _cap(float(uncertainty)))
+
+
+def request_features(prompt: Sequence[float], probabilities: Mapping[str, float],
+                     uncertainty: float) -> tuple[float, ...]:
+    """The whole vector (`FEATURES` order): the prompt part computed at admit, then the classifier's;
+    empty when the prompt part is missing or of another length."""
+    if len(prompt) != len(PROMPT_FEATURES):
+        return ()
+    return (*prompt, *classifier_features(probabilities, uncertainty))
