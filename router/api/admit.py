@@ -6,7 +6,7 @@ its rate limit, the bounded body parsed into the OpenAI schema (router/api/schem
 unsupported parameters, the model name, and the prompt's byte size against the largest context any
 worker has (specroute/contracts/limits.py: what fits no pool is not even classified). Everything the
 later steps read is computed here once: the prompt texts and their size, and the request's
-`RequestContext` (script, temperature bucket, size; batch kind).
+`RequestContext` (script, temperature bucket, size, output constraint; batch kind).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope
 from router.api.common import authenticate, parse_json
 from router.api.openai_wire import Api, Body
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.structured import constraint
 from router.gateway import Gateway
 from router.http.asgi import read_body
 from router.http.errors import APIError, validation_error
@@ -43,7 +44,7 @@ class Admitted:
     body: Body
     texts: tuple[str, ...]          # the prompt's texts (chat messages, or the prompt)
     prompt_bytes: int               # their UTF-8 size
-    context: RequestContext         # script, temperature bucket, size (the domain comes with routing)
+    context: RequestContext         # script, temperature, size, constraint (the domain comes with routing)
     conversation: tuple[str, str] | None = None  # (source, key) of the conversation it continues
     history_chars: int = 0          # characters of the history a worker prefills (all but the new message)
     features: tuple[float, ...] = ()  # the prompt part of its features (router/routing/features.py)
@@ -117,8 +118,8 @@ async def admit(g: Gateway, headers: Headers, receive: Receive, *, api: Api, rid
         header = headers.conversation.decode("latin-1") if headers.conversation else None
         conv = conversation_key(header, body.user, messages, key.name if key is not None else "")
         hist = history_chars(messages, sum(len(t) for t in texts)) if conv is not None else 0
-    return Admitted(api, rid, key, body, texts, n, request_context(texts, body.temperature, n), conv, hist,
-                    prompt_features(texts, body.temperature))
+    ctx = request_context(texts, body.temperature, n, constraint(body))
+    return Admitted(api, rid, key, body, texts, n, ctx, conv, hist, prompt_features(texts, body.temperature))
 
 
 def parse_body(api: Api, raw: bytes) -> Body:

@@ -77,6 +77,7 @@ def outcome(ex: Exchange, status: int) -> Outcome:
         out.api_key, out.key = ex.key, ex.key.name
     if ex.request is not None:
         out.model, out.stream = ex.request.body.model, ex.request.stream
+        out.temperature, out.constraint = ex.request.context.temperature, ex.request.context.constraint
     if ex.decision is not None:
         out.domain, out.pool, out.reason = ex.decision.domain, ex.decision.pool, ex.decision.reason
     if ex.served is not None:

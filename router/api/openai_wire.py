@@ -10,7 +10,7 @@ from typing import Any, Literal
 import orjson
 
 from router.api.schemas import ChatCompletionRequest, CompletionRequest
-from router.api.structured import fill_chat
+from router.api.structured import definitions, fill_chat
 from router.http.asgi import Headers
 from router.http.errors import APIError
 from router.routing.decide import Decision
@@ -37,9 +37,13 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 # -- request -------------------------------------------------------------------------------------
 def classifier_input(body: Body) -> list[dict[str, str]]:
-    """What the classifier reads: the chat messages, or the prompt as one user message."""
+    """What the classifier reads: the chat messages, or the prompt as one user message. Before a chat's
+    messages, as a system message, the definitions its output is held to (router/api/structured.py
+    `definitions`: tools or a JSON schema), which are evidence of code work."""
     if isinstance(body, ChatCompletionRequest):
-        return [{"role": r, "content": c} for r, c in body.wire_messages()]
+        messages = [{"role": r, "content": c} for r, c in body.wire_messages()]
+        defs = definitions(body)
+        return [{"role": "system", "content": defs}, *messages] if defs else messages
     return [{"role": "user", "content": body.prompt_text()}]
 
 

@@ -8,6 +8,12 @@ part of the worker's `GenerateRequest` (messages with tool calls and tool answer
   text), `auto` (the default with tools: the model may call, the gateway parses its calls),
   `required` or a named function (the output is constrained to exactly one call of one of the allowed
   functions, arguments matching its `parameters`).
+
+Two reads of them route the request: its `constraint` bucket (`tools`, `json` or `none`, a dimension of
+the request context, specroute/contracts/context.py: constrained outputs accept differently, so their
+acceptance is learned apart), and its `definitions` (the tools' names, descriptions and parameter
+schemas, or the response's JSON schema), which the classifier reads beside the messages: a request
+that is to answer in tool calls or in a schema's JSON is code work, whatever its question.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from typing import Any
 import jsonschema
 
 from router.http.errors import APIError
+from specroute.contracts.context import JSON_CONSTRAINT, NO_CONSTRAINT, TOOLS_CONSTRAINT
 from specroute.contracts.grammar import MAX_GRAMMAR_CHARS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, GrammarSpec
 from specroute.v1 import engine_pb2
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128
+DEFINITIONS_CHARS = 1024   # of the definitions the classifier reads (all of one system message of that size)
 
 
 def _bad(msg: str, param: str) -> APIError:
@@ -160,6 +168,30 @@ def check_structured(body: Any) -> None:
 def tools_active(body: Any) -> bool:
     """Does the model see tools and may its output be tool calls (parsed by the gateway)?"""
     return bool(body.tools) and tool_choice(body) != "none"
+
+
+def constraint(body: Any) -> str:
+    """The constraint bucket of a checked request (`check_structured`): `tools` when the model may call
+    tools, `json` under a `response_format` JSON object or schema, else `none` (so every completion request)."""
+    if getattr(body, "tools", None) and tools_active(body):
+        return TOOLS_CONSTRAINT
+    if (getattr(body, "response_format", None) or {}).get("type", "text") != "text":
+        return JSON_CONSTRAINT
+    return NO_CONSTRAINT
+
+
+def definitions(body: Any) -> str:
+    """What the output is held to, as text for the classifier (its first `DEFINITIONS_CHARS`): the
+    functions the model may call (name, description, parameters; only the forced one when one is
+    forced) as JSON, or the response's JSON schema (name, schema); "" for neither."""
+    if getattr(body, "tools", None) and tools_active(body):
+        choice = tool_choice(body)
+        fns = [f for f in functions(body.tools) if choice in ("auto", "required") or f["name"] == choice]
+        return json.dumps(fns, ensure_ascii=False)[:DEFINITIONS_CHARS]
+    rf = getattr(body, "response_format", None) or {}
+    if rf.get("type") == "json_schema":
+        return json.dumps(rf.get("json_schema"), ensure_ascii=False)[:DEFINITIONS_CHARS]
+    return ""
 
 
 def grammar_spec(body: Any) -> GrammarSpec | None:

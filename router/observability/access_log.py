@@ -6,7 +6,8 @@ where that handler finishes: once the response has gone out, `serve` builds the 
 what the request established: id, key, decision, tokens) and hands it to `AccessLog.write`.
 
 Each line: `ts`, `request_id`, `key` (the API key's name, or null), `kind`, `model`, `stream`,
-`domain`, `pool`, `reason`, `status`, `prompt_tokens`, `completion_tokens`, `mean_accepted_length`,
+`domain`, `temperature` and `constraint` (the request context's buckets, specroute/contracts/context.py),
+`pool`, `reason`, `status`, `prompt_tokens`, `completion_tokens`, `mean_accepted_length`,
 `latency_ms` (whole request, as the gateway saw it). Successful requests are sampled (`sample` in
 [0, 1]); every error (status >= 400) is written. Off by default, and then nothing is built.
 
@@ -34,14 +35,16 @@ from router.keys.ring import ApiKey
 class Outcome:
     """The access log's (and trace's) view of one finished request (all optional)."""
 
-    __slots__ = ("api_key", "trace", "rid", "key", "kind", "model", "stream", "domain", "pool", "reason", "status",
-                 "prompt_tokens", "completion_tokens", "mal", "shadow_pool")
+    __slots__ = ("api_key", "trace", "rid", "key", "kind", "model", "stream", "domain", "temperature", "constraint",
+                 "pool", "reason", "status", "prompt_tokens", "completion_tokens", "mal", "shadow_pool")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.api_key: ApiKey | None = None
         self.trace: Any = None  # the request's trace (router.observability.tracing.RequestTrace), when tracing is on
         self.rid = self.key = self.model = self.domain = self.pool = self.reason = None
+        self.temperature: str | None = None   # the request context's temperature bucket (once admitted)
+        self.constraint: str | None = None    # ... and its output constraint: none, json or tools
         self.stream = False
         self.status = 0
         self.prompt_tokens = self.completion_tokens = 0
@@ -51,7 +54,8 @@ class Outcome:
     def as_dict(self, latency_s: float, now: float) -> dict[str, object]:
         out: dict[str, object] = {
             "ts": round(now, 3), "request_id": self.rid, "key": self.key, "kind": self.kind, "model": self.model,
-            "stream": self.stream, "domain": self.domain, "pool": self.pool, "reason": self.reason,
+            "stream": self.stream, "domain": self.domain, "temperature": self.temperature,
+            "constraint": self.constraint, "pool": self.pool, "reason": self.reason,
             "status": self.status, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "mean_accepted_length": None if self.mal is None else round(self.mal, 4),

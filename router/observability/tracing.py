@@ -172,6 +172,7 @@ class RequestTrace:
         if span is None or self._parent is None:
             return
         attrs = {"specroute.request_id": out.rid, "specroute.key": out.key, "specroute.domain": out.domain,
+                 "specroute.temperature": out.temperature, "specroute.constraint": out.constraint,
                  "specroute.pool": out.pool, "specroute.reason": out.reason,
                  "specroute.policy_version": policy_version, "http.response.status_code": out.status,
                  "specroute.prompt_tokens": out.prompt_tokens, "specroute.completion_tokens": out.completion_tokens,

@@ -10,6 +10,7 @@ from typing import Any
 from router.routing.estimate import PoolState
 from router.state.snapshot import Snapshot
 from router.workers.endpoint import Endpoint
+from specroute.contracts.context import NO_CONSTRAINT
 
 DecisionCounts = Mapping[tuple[str, str, str], int]  # (domain, pool, reason) -> requests
 
@@ -28,10 +29,23 @@ def routing_shares(decisions: DecisionCounts) -> list[dict[str, Any]]:
     ]
 
 
+_BUCKETS = {"d": "domain", "s": "script", "t": "temperature", "l": "length", "c": "constraint"}
+
+
+def level_buckets(level: str) -> dict[str, str]:
+    """The buckets a context level names (`d=code|t=0|c=json`: domain, script, temperature, length,
+    constraint), the constraint `none` where the key leaves it out; {} for a domain or the global level."""
+    if not level.startswith("d="):
+        return {}
+    parts = dict(p.partition("=")[::2] for p in level.split("|"))
+    out = {name: parts[k] for k, name in _BUCKETS.items() if k in parts}
+    return {**out, "constraint": parts.get("c", NO_CONSTRAINT)}
+
+
 def stats_view(snap: Snapshot, decisions: DecisionCounts, redis_ok: bool, now: float) -> dict[str, Any]:
     cells = [{"domain": d, "pool": p, **s.as_dict()} for (d, p), s in sorted(snap.stats.items())]
     # the v2 levels the policy also learns from: global ("*") and per request context
-    levels = [{"level": lvl, "pool": p, **s.as_dict()} for (lvl, p), s in sorted(snap.cells.items())
+    levels = [{"level": lvl, "pool": p, **level_buckets(lvl), **s.as_dict()} for (lvl, p), s in sorted(snap.cells.items())
               if (lvl, p) not in snap.stats]
     reasons = [{"domain": d, "pool": p, "reason": r, "requests": n} for (d, p, r), n in sorted(decisions.items())]
     return {

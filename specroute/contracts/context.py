@@ -2,11 +2,13 @@
 
 A context is a few cheap buckets of one request, computed by the gateway before it decides (no
 tokenizer, no model): the classifier's domain, the writing script of the prompt, the sampling
-temperature and the prompt's size. Its key string travels to the worker in `GenerateRequest.context`
-and comes back in the feedback record, so the learned statistics are per context
-(`specroute:stats:v2:ctx:{level}:{pool}`, specroute/contracts/feedback.py).
+temperature, the prompt's size and the constraint on its output (a JSON schema, tools). Its key
+string travels to the worker in `GenerateRequest.context` and comes back in the feedback record, so
+the learned statistics are per context (`specroute:stats:v2:ctx:{level}:{pool}`,
+specroute/contracts/feedback.py).
 
-Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION` and key prefix):
+Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION` and key prefix;
+adding one whose default value is left out of the key, as `c`, does not):
 
 - `d`: the domain (`chat`, `code`, `math`, ...), `[A-Za-z0-9_.-]`, at most 64 characters.
 - `s`: script of the last non-empty prompt text (its first `SCRIPT_SAMPLE_CHARS` characters):
@@ -16,10 +18,17 @@ Buckets (the format is versioned: changing a bucket means a new `CONTEXT_VERSION
 - `t`: temperature: `0` (greedy, T < 1e-3), `low` (up to 0.8), `high` (above 0.8; also an absent
   temperature, the OpenAI default being 1).
 - `l`: prompt size in UTF-8 bytes: `short` (< 1 KiB), `medium` (< 8 KiB), `long`.
+- `c`: the constraint on the output: `none`, `json` (a `response_format` JSON object or schema) or
+  `tools` (tools the model may call: a tool call is JSON, and a forced one is grammar-constrained).
+  Constrained outputs accept differently from free text (a grammar masks the drafts), so they are
+  learned apart; the gateway computes it at admission (router/api/structured.py `constraint`).
 
-Key: `d=code|s=latin|t=0|l=short`. Back-off levels, most specific first (`level_keys`): the full
-context, the coarse context `d=code|t=0` (temperature is what moves acceptance most), the domain
-(`code`) and `GLOBAL_LEVEL` (`*`, every request of the pool).
+Key: `d=code|s=latin|t=0|l=short`, and `d=code|s=latin|t=0|l=short|c=json` under a constraint: `c`
+is written only when it is not `none`, so every key from before the constraint existed is still the
+key of the same (unconstrained) requests, and their statistics read on. Back-off levels, most
+specific first (`level_keys`): the full context, the coarse context `d=code|t=0` (`d=code|t=0|c=json`;
+temperature and constraint are what move acceptance most), the domain (`code`) and `GLOBAL_LEVEL`
+(`*`, every request of the pool).
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ GLOBAL_LEVEL = "*"
 SCRIPTS: tuple[str, ...] = ("latin", "cjk", "cyrillic", "arabic", "other")
 TEMPERATURES: tuple[str, ...] = ("0", "low", "high")
 LENGTHS: tuple[str, ...] = ("short", "medium", "long")
+NO_CONSTRAINT, JSON_CONSTRAINT, TOOLS_CONSTRAINT = "none", "json", "tools"
+CONSTRAINTS: tuple[str, ...] = (NO_CONSTRAINT, JSON_CONSTRAINT, TOOLS_CONSTRAINT)
 
 DEFAULT_TEMPERATURE = 1.0   # OpenAI's, when a request names none
 GREEDY_BELOW = 1e-3
@@ -117,9 +128,10 @@ class RequestContext:
     script: str = "latin"
     temperature: str = "high"
     length: str = "short"
+    constraint: str = NO_CONSTRAINT
 
     def with_domain(self, domain: str) -> RequestContext:
-        return RequestContext(domain, self.script, self.temperature, self.length)
+        return RequestContext(domain, self.script, self.temperature, self.length, self.constraint)
 
     @property
     def batch(self) -> str:
@@ -128,40 +140,50 @@ class RequestContext:
         return HOT if self.temperature == "high" else COOL
 
     @property
+    def _constraint_part(self) -> str:
+        return "" if self.constraint == NO_CONSTRAINT else f"|c={self.constraint}"
+
+    @property
     def key(self) -> str:
-        """`d=..|s=..|t=..|l=..` ("" without a domain)."""
+        """`d=..|s=..|t=..|l=..[|c=..]` ("" without a domain; `c` only under a constraint)."""
         if not self.domain:
             return ""
-        return f"d={self.domain}|s={self.script}|t={self.temperature}|l={self.length}"
+        return f"d={self.domain}|s={self.script}|t={self.temperature}|l={self.length}{self._constraint_part}"
 
     @property
     def coarse_key(self) -> str:
-        """`d=..|t=..` ("" without a domain)."""
-        return f"d={self.domain}|t={self.temperature}" if self.domain else ""
+        """`d=..|t=..[|c=..]` ("" without a domain)."""
+        return f"d={self.domain}|t={self.temperature}{self._constraint_part}" if self.domain else ""
 
 
-def request_context(texts: Sequence[str], temperature: float | None, prompt_bytes: int) -> RequestContext:
-    """The context of a request (domain left empty for the policy to fill in)."""
-    return RequestContext("", script_of_texts(texts), temperature_bucket(temperature), length_bucket(prompt_bytes))
+def request_context(texts: Sequence[str], temperature: float | None, prompt_bytes: int,
+                    constraint: str = NO_CONSTRAINT) -> RequestContext:
+    """The context of a request (domain left empty for the policy to fill in); `constraint` is one of
+    `CONSTRAINTS` (anything else counts as `none`)."""
+    return RequestContext("", script_of_texts(texts), temperature_bucket(temperature), length_bucket(prompt_bytes),
+                          constraint if constraint in CONSTRAINTS else NO_CONSTRAINT)
 
 
 def parse_context(key: str) -> RequestContext | None:
-    """The full context of a key string, or None when it is not a valid full context key."""
+    """The full context of a key string, or None when it is not a valid full context key (one
+    without `c` is unconstrained)."""
     if not key or len(key) > MAX_CONTEXT_CHARS:
         return None
     parts = key.split("|")
-    if len(parts) != 4:
+    if len(parts) not in (4, 5):
         return None
     vals: list[str] = []
-    for part, name in zip(parts, ("d", "s", "t", "l"), strict=True):
+    for part, name in zip(parts, ("d", "s", "t", "l", "c"), strict=False):
         k, sep, v = part.partition("=")
         if k != name or not sep:
             return None
         vals.append(v)
-    d, s, t, ln = vals
-    if not _DOMAIN.fullmatch(d) or s not in SCRIPTS or t not in TEMPERATURES or ln not in LENGTHS:
+    d, s, t, ln = vals[:4]
+    c = vals[4] if len(vals) == 5 else NO_CONSTRAINT
+    if not _DOMAIN.fullmatch(d) or s not in SCRIPTS or t not in TEMPERATURES or ln not in LENGTHS \
+            or c not in CONSTRAINTS:
         return None
-    return RequestContext(d, s, t, ln)
+    return RequestContext(d, s, t, ln, c)
 
 
 def domain_level(domain: str) -> str:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from specroute.readiness import grpc_serving
-from tests.e2e.test_gateway_e2e import ADMIN, CHAT, _bundle, _http, _spawn, _wait
-from tests.redis_server import RedisServer, free_port
+from tests.e2e.conftest import Stack
+from tests.e2e.test_gateway_e2e import ADMIN, CHAT, _http, _spawn, _wait
+from tests.redis_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -24,49 +24,13 @@ MODES = ("mtp", "dfly", "ar")
 ALLOWED = {"mtp": {"mtp", "plain"}, "dfly": {"dfly", "mtp", "plain"}, "ar": {"plain"}}
 
 
-class Shared:
-    def __init__(self, tmp: Path) -> None:
-        self.redis = RedisServer().start()
-        self.worker_port, self.gw_port = free_port(), free_port()
-        self.procs = [_spawn(["worker", "--engine", ",".join(MODES), "--model", str(_bundle(tmp)), "--port",
-                              str(self.worker_port), "--redis-url", self.redis.url], tmp / "worker.log")]
-        addr = f"127.0.0.1:{self.worker_port}"
-        _wait(lambda: grpc_serving(addr), self.procs[0], "worker", tmp / "worker.log")
-        pools = [x for m in MODES for x in ("--pool", f"{m}={addr}", "--pool-mode", f"{m}={m}")]
-        self.procs.append(_spawn(["gateway", "--port", str(self.gw_port), *pools, "--redis-url", self.redis.url],
-                                 tmp / "gw.log", env={"SPECROUTE_ADMIN_TOKEN": f"ops:{ADMIN}"}))
-        self.url = f"http://127.0.0.1:{self.gw_port}"
-        _wait(lambda: _http(self.url + "/v1/models")[0] == 200, self.procs[1], "gateway", tmp / "gw.log", 120)
-
-    def admin(self, method: str, path: str, data: object = None, etag: str | None = None):
-        headers = {"authorization": f"Bearer {ADMIN}", **({"if-match": etag} if etag else {})}
-        return _http(self.url + path, data, method, headers)
-
-    def pin_chat(self, pool: str) -> None:
-        _, doc, h = self.admin("GET", "/admin/policy")
-        status, body, _ = self.admin("PUT", "/admin/policy", {**doc, "pins": {"chat": pool}, "exploration_rate": 0.0,
-                                                              "uncertainty_threshold": 0.0}, h["etag"])
-        assert status == 200, body
-        time.sleep(0.3)
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            p.wait(20)
-        self.redis.stop()
-
-
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    s = Shared(tmp_path_factory.mktemp("modes"))
-    try:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with Stack(tmp_path_factory.mktemp("modes"), MODES) as s:
         yield s
-    finally:
-        s.stop()
 
 
-def test_each_pool_runs_its_mode_on_the_one_worker(shared: Shared) -> None:
+def test_each_pool_runs_its_mode_on_the_one_worker(shared: Stack) -> None:
     status, pools, _ = shared.admin("GET", "/admin/pools")
     assert status == 200
     text = str(pools)
@@ -98,11 +62,11 @@ def test_each_pool_runs_its_mode_on_the_one_worker(shared: Shared) -> None:
     assert all((m, m) in seen for m in MODES), seen
 
 
-def test_a_pool_whose_mode_the_worker_lacks_is_unavailable(shared: Shared, tmp_path: Path) -> None:
+def test_a_pool_whose_mode_the_worker_lacks_is_unavailable(shared: Stack, tmp_path: Path) -> None:
     """A gateway asking the worker for a mode it does not serve marks that pool unhealthy (and says
     why) instead of sending requests that would fail."""
     port = free_port()
-    addr = f"127.0.0.1:{shared.worker_port}"
+    addr = f"127.0.0.1:{shared.worker_ports[0]}"
     gw = _spawn(["gateway", "--port", str(port), "--pool", f"mtp={addr}", "--pool", f"eagle={addr}",
                  "--pool-mode", "eagle=eagle3", "--redis-url", shared.redis.url], tmp_path / "gw2.log",
                 env={"SPECROUTE_ADMIN_TOKEN": f"ops:{ADMIN}"})

@@ -12,62 +12,24 @@ pins chat to each pool in turn. Cost: ~60 s to start (model load on a loaded mac
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from specroute.readiness import grpc_serving
-from tests.e2e.test_gateway_e2e import ADMIN, CHAT, _bundle, _http, _spawn, _wait
-from tests.redis_server import RedisServer, free_port
+from tests.e2e.conftest import Stack
+from tests.e2e.test_gateway_e2e import CHAT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 POOLS = ("ar", "mtp", "dfly")
 
 
-class Stack:
-    def __init__(self, tmp: Path) -> None:
-        self.redis = RedisServer().start()
-        port, self.gw_port = free_port(), free_port()
-        self.procs = [_spawn(["worker", "--engine", ",".join(POOLS), "--model", str(_bundle(tmp)), "--port", str(port),
-                              "--max-running", "4"], tmp / "worker.log")]
-        addr = f"127.0.0.1:{port}"
-        _wait(lambda: grpc_serving(addr), self.procs[0], "worker", tmp / "worker.log")
-        pools = [x for m in POOLS for x in ("--pool", f"{m}={addr}", "--pool-mode", f"{m}={m}")]
-        self.procs.append(_spawn(["gateway", "--port", str(self.gw_port), *pools, "--redis-url", self.redis.url],
-                                 tmp / "gw.log", env={"SPECROUTE_ADMIN_TOKEN": f"ops:{ADMIN}"}))
-        self.url = f"http://127.0.0.1:{self.gw_port}"
-        _wait(lambda: _http(self.url + "/v1/models")[0] == 200, self.procs[1], "gateway", tmp / "gw.log", 120)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def pin_chat(self, pool: str) -> None:
-        auth = {"authorization": f"Bearer {ADMIN}"}
-        _, doc, h = _http(self.url + "/admin/policy", headers=auth)
-        status, body, _ = _http(self.url + "/admin/policy", {**doc, "pins": {"chat": pool}, "exploration_rate": 0.0,
-                                                             "uncertainty_threshold": 0.0}, "PUT",
-                                {**auth, "if-match": h["etag"]})
-        assert status == 200, body
-        time.sleep(0.3)
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            p.wait(20)
-        self.redis.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("surface"))
-    try:
+    with Stack(tmp_path_factory.mktemp("surface"), POOLS, worker_args=("--max-running", "4"), feedback=False) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _tokens(content: list[Any]) -> list[tuple[str, float, list[tuple[str, float]]]]:

@@ -1,8 +1,9 @@
 """End to end, structured output and tools: the official `openai` client -> a real gateway (uvicorn, real
 redis-server) -> a real DFly worker process on the demo bundle (models/demo, else the tiny random bundle:
 the grammar holds whatever the model). `response_format` json_schema output validates, a forced
-(`required` and named) tool call has valid arguments, whole and streamed, a `tool` message round-trips,
-and a bad schema is a 400. Costs ~25 s (worker start, ~10 short generations)."""
+(`required` and named) tool call has valid arguments, whole and streamed (classified as code by the
+shipped classifier: the tool definitions are evidence of it), a `tool` message round-trips, and a bad
+schema is a 400. Costs ~25 s (worker start, ~10 short generations)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import openai
 import pytest
 import pytest_asyncio
 
+from classifier import classify
 from tests.engines.worker.conftest import Worker
 from tests.redis_server import RedisServer
 from tests.router.conftest import settings_for, uvicorn_app
@@ -52,7 +54,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
 async def client(worker: Worker) -> AsyncIterator[openai.AsyncOpenAI]:
     r = RedisServer().start()
     try:
-        async with uvicorn_app(settings_for({"dfly": [f"127.0.0.1:{worker.port}"]}, r.url)) as (url, _):
+        # the shipped classifier (not the tests' keyword stand-in): it reads the tools and schemas too
+        async with uvicorn_app(settings_for({"dfly": [f"127.0.0.1:{worker.port}"]}, r.url), classify=classify) as (url, _):
             c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
             yield c
             await c.close()
@@ -74,8 +77,10 @@ async def test_json_schema_output_validates(client: openai.AsyncOpenAI) -> None:
 
 
 async def test_forced_tool_calls_whole_streamed_and_round_trip(client: openai.AsyncOpenAI) -> None:
-    r = await client.chat.completions.create(model="specroute", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
-                                             max_tokens=64, temperature=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="specroute", messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64, temperature=0)
+    assert raw.headers["x-specroute-domain"] == "code"   # the tool definitions are evidence of code work
+    r = raw.parse()
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     call = choice.message.tool_calls[0]

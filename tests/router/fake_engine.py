@@ -54,6 +54,7 @@ class FakeConfig:
     acceptance: dict[str, float] = field(default_factory=dict)  # domain -> acceptance rate
     default_acceptance: float = 0.6
     hot_acceptance: float | None = None  # acceptance at temperature > 0.8, when set
+    constrained_acceptance: float | None = None  # acceptance of a grammar-constrained output, when set
     step_ms: float = 10.0
     fail: str = ""  # "" | "before_first" | "mid_stream" | "overloaded"
     fail_after: int = 2  # chunks before a mid-stream failure
@@ -123,6 +124,8 @@ class FakeEngineServicer(engine_pb2_grpc.EngineServicer):
         alpha = c.acceptance.get(request.domain, c.default_acceptance)
         if c.hot_acceptance is not None and request.sampling.temperature > 0.8:
             alpha = c.hot_acceptance
+        if c.constrained_acceptance is not None and request.grammar:
+            alpha = c.constrained_acceptance
         self.running += 1
         t0 = time.perf_counter()
         held: list[str] | None = [] if request.coalesce and c.coalesce else None

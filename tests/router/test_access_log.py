@@ -48,9 +48,11 @@ async def test_one_line_per_request_with_its_decision_and_tokens(tmp_path: Path)
     assert first["completion_tokens"] == 4 and first["prompt_tokens"] > 0 and first["stream"] is False
     assert first["mean_accepted_length"] > 1 and 0 < first["latency_ms"] < 10_000
     assert first["model"] == "fake-model" and first["kind"] == "chat"
+    assert first["constraint"] == "none" and first["temperature"] in ("0", "low", "high")
     assert second["request_id"] == streamed_rid and second["stream"] is True and second["status"] == 200
     assert second["completion_tokens"] == 4
     assert third["status"] == 401 and third["key"] is None and third["domain"] is None
+    assert third["constraint"] is None   # not admitted: no context
 
 
 @ASYNC

@@ -1,6 +1,7 @@
 """The request context end to end: on the wire (proto round trip, the OpenAI body's buckets), in the
 pool state (`ar` pools, D-Cut drafting) and through the gateway with fake workers writing feedback,
-where code at T=0 and code at T=1 learn to go to different pools."""
+where code at T=0 and code at T=1, and free code and code under a JSON schema, learn to go to
+different pools."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import time
 
 import httpx
+import orjson
 import pytest
 import redis
 
@@ -133,10 +135,10 @@ async def _set_policy(c: httpx.AsyncClient, **changes: object) -> None:
     assert r.status_code == 200, r.text
 
 
-async def _ask(c: httpx.AsyncClient, temperature: float) -> tuple[str, str]:
+async def _ask(c: httpx.AsyncClient, temperature: float, **extra: object) -> tuple[str, str]:
     r = await c.post("/v1/chat/completions", json={
         "model": "fake-model", "messages": [{"role": "user", "content": HOT_CODE}], "max_tokens": 40,
-        "temperature": temperature})
+        "temperature": temperature, **extra})
     assert r.status_code == 200, r.text
     return r.headers["x-specroute-pool"], r.headers["x-specroute-reason"]
 
@@ -182,3 +184,52 @@ async def test_code_at_t0_and_t1_learn_different_pools(redis_url: str) -> None:
         levels = {(x["level"], x["pool"]) for x in view["context_cells"]}
         assert {("*", "ar"), ("d=code|t=high", "dfly")} <= levels
         assert {(x["domain"], x["pool"]) for x in view["cells"]} == {("code", "dfly"), ("code", "ar")}
+
+
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "sorted", "schema": {
+    "type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}}}}}
+
+
+async def _ask_json(c: httpx.AsyncClient, schema: bool) -> tuple[str, str]:
+    return await _ask(c, 0.0, **({"response_format": SCHEMA} if schema else {}))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_free_and_schema_constrained_code_learn_different_pools(redis_url: str, tmp_path) -> None:
+    """dfly accepts well on free code (MAL 3.8) and hardly at all under a grammar (MAL 1.1); ar runs one
+    token per shorter step. With the constraint a context dimension, code under a JSON schema learns to
+    go to ar while free code stays on dfly, and the access log and /admin/stats show the dimension."""
+    dfly = FakeConfig(name="dfly", engine="dfly", acceptance={"code": 0.7}, constrained_acceptance=0.03,
+                      step_ms=12.0, redis_url=redis_url)
+    ar = FakeConfig(name="ar", engine="ar", block_size=0, step_ms=8.0, redis_url=redis_url)
+    log = tmp_path / "access.log"
+    async with engines(dfly, ar) as es, running_app(
+        settings_for({"dfly": [es[0].address], "ar": [es[1].address]}, redis_url, stats_interval_s=0.05,
+                     access_log=True, access_log_file=log)
+    ) as c:
+        gw = c.app.state.gateway  # type: ignore[attr-defined]
+        learning = {"min_samples": 3, "evidence_per_request": 16.0}
+        for pool, n in (("dfly", 40), ("ar", 20)):  # feedback from both pools, free and constrained
+            await _set_policy(c, exploration_rate=0.0, pins={"code": pool}, learning=learning)
+            for i in range(n):
+                assert await _ask_json(c, schema=bool(i % 2)) == (pool, "pin")
+        await _set_policy(c, pins={})
+        await asyncio.sleep(0.3)  # the feedback is in the snapshot
+        free = [await _ask_json(c, schema=False) for _ in range(10)]
+        constrained = [await _ask_json(c, schema=True) for _ in range(10)]
+        print(f"free -> {free}\nschema -> {constrained}")
+        assert free == [("dfly", "default")] * 10
+        assert sum(d == ("ar", "learned") for d in constrained) >= 9
+        sent = es[1].servicer.requests[-1]
+        assert (sent.domain, sent.context) == ("code", "d=code|s=latin|t=0|l=short|c=json") and sent.grammar
+        r = redis.Redis.from_url(redis_url)
+        assert float(r.hget(stats_key("d=code|t=0|c=json", "dfly"), "n") or 0) >= 19
+        assert float(r.hget(stats_key("d=code|t=0", "dfly"), "n") or 0) >= 19   # the free requests' own cell
+        assert ("d=code|t=0|c=json", "dfly") in gw.snapshot.cells
+        view = (await c.get("/admin/stats", headers=ADMIN)).json()
+        coarse = {(x["level"], x["pool"]): x for x in view["context_cells"]}
+        json_cell, free_cell = coarse[("d=code|t=0|c=json", "dfly")], coarse[("d=code|t=0", "dfly")]
+        assert (json_cell["domain"], json_cell["temperature"], json_cell["constraint"]) == ("code", "0", "json")
+        assert free_cell["constraint"] == "none" and json_cell["acceptance_rate"] < 0.1 < free_cell["acceptance_rate"]
+    lines = [orjson.loads(x) for x in log.read_bytes().splitlines()]
+    assert {(x["temperature"], x["constraint"]) for x in lines} == {("0", "none"), ("0", "json")}

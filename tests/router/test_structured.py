@@ -9,9 +9,10 @@ import json
 import orjson
 import pytest
 
-from router.api.openai_wire import generate_request
-from router.api.schemas import ChatCompletionRequest
-from router.api.structured import calls_grammar, grammar_spec, tools_active
+from classifier import classify
+from router.api.openai_wire import classifier_input, generate_request
+from router.api.schemas import ChatCompletionRequest, CompletionRequest
+from router.api.structured import DEFINITIONS_CHARS, calls_grammar, constraint, grammar_spec, tools_active
 from router.api.tool_calls import ToolCompletion, ToolStream, parse_tool_calls
 from router.http.errors import APIError
 from specroute.contracts.grammar import GrammarSpec
@@ -61,6 +62,52 @@ def test_grammar_of_each_choice():
         [WEATHER["function"], TIME["function"]])
     named = grammar_spec(body(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}))
     assert named is not None and named.kind == "lark" and "get_time" in named.body and "get_weather" not in named.body
+
+
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "trip", "schema": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+
+
+def test_constraint_bucket_of_each_request():
+    """The request context's constraint: `tools` when the model may call tools (a free or forced call),
+    `json` under a JSON object or schema, else `none`."""
+    assert constraint(body()) == constraint(body(response_format={"type": "text"})) == "none"
+    assert constraint(body(response_format={"type": "json_object"})) == constraint(body(response_format=SCHEMA)) == "json"
+    assert constraint(body(tools=[WEATHER])) == constraint(body(tools=[WEATHER], tool_choice="required")) == "tools"
+    assert constraint(body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})) \
+        == "tools"
+    assert constraint(body(tools=[WEATHER], tool_choice="none")) == "none"   # the model does not see them
+    assert constraint(body(tools=[WEATHER], tool_choice="none", response_format={"type": "json_object"})) == "json"
+    assert constraint(CompletionRequest(model="m", prompt="hi")) == "none"
+
+
+@pytest.mark.parametrize("question", ["What's the weather like in Paris today?", "Tell me a fun fact about cats."])
+def test_tool_definitions_and_schemas_are_evidence_of_code(question):
+    """The shipped classifier reads the tools (names, descriptions, parameter schemas) or the response's
+    JSON schema beside the messages: a chat question that is to be answered in a tool call or in a
+    schema's JSON is code work."""
+    messages = [{"role": "user", "content": question}]
+    plain = classify(classifier_input(body(messages=messages)))
+    assert plain.label == "chat"
+    for kw in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "required"}, {"response_format": SCHEMA}):
+        p = classify(classifier_input(body(messages=messages, **kw)))
+        assert p.label == "code" and p.probabilities["code"] > plain.probabilities["code"], kw
+    # no definitions, no evidence: tools the model does not see, a JSON object without a schema
+    for kw in ({"tools": [WEATHER], "tool_choice": "none"}, {"response_format": {"type": "json_object"}}):
+        assert classifier_input(body(messages=messages, **kw)) == classifier_input(body(messages=messages))
+
+
+def test_definitions_the_classifier_reads():
+    forced = classifier_input(body(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                                       "function": {"name": "get_time"}}))
+    assert forced[0]["role"] == "system" and "get_time" in forced[0]["content"]
+    assert "get_weather" not in forced[0]["content"] and forced[1:] == [{"role": "user", "content": "hi"}]
+    both = classifier_input(body(tools=[WEATHER, TIME]))[0]["content"]
+    assert all(s in both for s in ("get_weather", "Weather in a city", '"city": {"type": "string"}', "get_time"))
+    assert "trip" in classifier_input(body(response_format=SCHEMA))[0]["content"]
+    wordy = {"type": "function", "function": {"name": "f", "description": "Пишет длинный текст. " * 200}}
+    text = classifier_input(body(tools=[wordy]))[0]["content"]
+    assert len(text) == DEFINITIONS_CHARS and "Пишет" in text   # bounded, and read as written (not \u-escaped)
 
 
 def test_worker_request_carries_tools_tool_turns_and_grammar():

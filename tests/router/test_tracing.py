@@ -110,6 +110,7 @@ def test_request_trace_spans_and_sampler() -> None:
 
     class Out:
         rid, key, domain, pool, reason, status = "r", None, "code", None, "no_healthy_pool", 503
+        temperature, constraint = "0", "tools"
         prompt_tokens = completion_tokens = 0
         mal, stream = None, False
 
@@ -122,6 +123,7 @@ def test_request_trace_spans_and_sampler() -> None:
     assert md == dict(traceparent(up.context)) and up.attributes["specroute.status"] == 503
     root = spans["POST /v1/completions"]
     assert root.attributes["specroute.policy_version"] == 7 and not root.status.is_ok
+    assert (root.attributes["specroute.temperature"], root.attributes["specroute.constraint"]) == ("0", "tools")
     assert "specroute.key" not in root.attributes
 
     # spans the sampler drops are not built; the (unsampled) context still goes on

@@ -8,6 +8,8 @@ import pytest
 
 from specroute.contracts.context import (
     GLOBAL_LEVEL,
+    JSON_CONSTRAINT,
+    TOOLS_CONSTRAINT,
     RequestContext,
     context_keys_for,
     length_bucket,
@@ -69,11 +71,31 @@ def test_key_round_trip_and_levels() -> None:
     "", "d=code", "d=code|s=latin|t=0", "d=code|s=latin|t=0|l=short|x=1", "s=latin|d=code|t=0|l=short",
     "d=code|s=klingon|t=0|l=short", "d=code|s=latin|t=0.5|l=short", "d=code|s=latin|t=0|l=huge",
     "d=co:de|s=latin|t=0|l=short", "d=|s=latin|t=0|l=short", "d=" + "x" * 100 + "|s=latin|t=0|l=short",
-    "d=code|s=latin|t=0|lshort",
+    "d=code|s=latin|t=0|lshort", "d=code|s=latin|t=0|l=short|c=xml", "d=code|s=latin|t=0|l=short|c=json|x=1",
+    "d=code|s=latin|t=0|c=json|l=short",
 ])
 def test_malformed_context_keys_are_rejected(bad: str) -> None:
     assert parse_context(bad) is None
     assert context_keys_for(bad, "code") == ()
+
+
+def test_the_constraint_is_its_own_dimension_and_old_keys_read_unconstrained() -> None:
+    plain = request_context(["Give me the user as JSON"], 0.0, 40).with_domain("code")
+    js = request_context(["Give me the user as JSON"], 0.0, 40, JSON_CONSTRAINT).with_domain("code")
+    tools = RequestContext("code", "latin", "0", "short", TOOLS_CONSTRAINT)
+    # unconstrained: the key of every context from before the dimension existed (its statistics read on)
+    assert plain.constraint == "none" and plain.key == "d=code|s=latin|t=0|l=short"
+    assert (js.key, js.coarse_key) == ("d=code|s=latin|t=0|l=short|c=json", "d=code|t=0|c=json")
+    assert tools.coarse_key == "d=code|t=0|c=tools" and js.with_domain("math").constraint == "json"
+    assert level_keys("code", js) == (js.key, "d=code|t=0|c=json", "code", GLOBAL_LEVEL)
+    for ctx in (plain, js, tools):
+        assert parse_context(ctx.key) == ctx
+    assert parse_context("d=code|s=latin|t=0|l=short|c=none") == plain   # an explicit `none` reads the same
+    assert context_keys_for(js.key, "code") == (js.key, "d=code|t=0|c=json")
+    assert request_context(["x"], 0.0, 1, "grammar").constraint == "none"   # not a bucket: none
+    # the longest valid key fits the bound a record's context is checked against
+    longest = RequestContext("x" * 64, "cyrillic", "high", "medium", TOOLS_CONSTRAINT).key
+    assert parse_context(longest) is not None
 
 
 def test_context_keys_for_a_record() -> None:

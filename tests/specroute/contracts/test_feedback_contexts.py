@@ -86,6 +86,22 @@ def test_one_record_updates_every_level_atomically(client: redis.Redis) -> None:
     assert [e[1][b"context"] for e in entries] == [CTX.encode(), b"d=code|s=cjk|t=0|l=long"]
 
 
+def test_a_constrained_records_acceptance_is_kept_apart(client: redis.Redis) -> None:
+    """A record under a JSON schema or tools updates its own context cells (`c=json`, `c=tools`), never the
+    unconstrained ones, which keep the keys of before the constraint existed; domain and global add up all."""
+    record = make_recorder(client)
+    record(rec(context="d=code|s=latin|t=0|l=short"))
+    record(rec(context="d=code|s=latin|t=0|l=short|c=json", accepted=1))
+    record(rec(context="d=code|s=latin|t=0|l=short|c=tools", accepted=2))
+    for level, accepted in (("d=code|s=latin|t=0|l=short", 8), ("d=code|t=0", 8), ("d=code|t=0|c=json", 1),
+                            ("d=code|s=latin|t=0|l=short|c=json", 1), ("d=code|t=0|c=tools", 2)):
+        got = cell(client, stats_key(level, "dfly"))
+        assert (got.n, got.accepted) == pytest.approx((1.0, accepted), rel=1e-3), level   # decayed a few ms
+    for level in ("code", GLOBAL_LEVEL):
+        assert cell(client, stats_key(level, "dfly")).n == pytest.approx(3.0, rel=1e-3)
+    assert [e[1][b"context"] for e in client.xrange(FEEDBACK_STREAM)][1] == b"d=code|s=latin|t=0|l=short|c=json"
+
+
 @pytest.mark.parametrize("context", ["", "garbage", "d=math|s=latin|t=0|l=short", "d=code|s=latin|t=9|l=short"])
 def test_missing_or_untrusted_context_updates_domain_and_global_only(client: redis.Redis, context: str) -> None:
     make_recorder(client)(rec(context=context))
