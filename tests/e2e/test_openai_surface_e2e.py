@@ -4,8 +4,8 @@ as tests/e2e/test_modes_e2e.py; a `--dcut` worker would profile its machine for 
 per-row verification depth is covered by tests/engines/test_logprobs.py); real redis-server. The policy
 pins chat to each pool in turn. Cost: ~60 s to start (model load on a loaded machine), ~35 s of requests.
 
-- logprobs (top 3) at T=0 and seeded at T=0.8/top-p 0.9: the same tokens and the same logprobs (1e-4)
-  from MTP, DFly and AR, whole and streamed;
+- logprobs (top 3) at T=0 and seeded at T=0.8/top-p 0.9: the same tokens and the same logprobs (within
+  2e-4 / T: two fp32 logits' 1e-4 each) from MTP, DFly and AR, whole and streamed;
 - n=3 gives three choices, each seeded seed+i, usage summed;
 - `responses.create`, a follow-up by `previous_response_id` that sees the history, and `.stream`.
 """
@@ -24,6 +24,7 @@ from tests.e2e.test_gateway_e2e import CHAT
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 POOLS = ("ar", "mtp", "dfly")
+LOGIT_TOL = 1e-4   # fp32 logits of the same prefix through forwards of other shapes (the near-tie rule's bound)
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +37,15 @@ def _tokens(content: list[Any]) -> list[tuple[str, float, list[tuple[str, float]
     return [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content]
 
 
-def _close(a: list[Any], b: list[Any], label: str) -> None:
+def _close(a: list[Any], b: list[Any], label: str, temperature: float = 0.0) -> None:
+    """Same tokens, logprobs within what fp32 logits allow: forwards of other shapes (a verify block, a
+    one-token step) may differ by LOGIT_TOL per logit, and a logprob z_i/T - logsumexp(z/T) moves by at
+    most twice that over T (T = 1 for greedy rows' logprobs)."""
+    tol = 2 * LOGIT_TOL / (temperature or 1.0)
     assert [t for t, _, _ in a] == [t for t, _, _ in b], label
     for (_, x, tx), (_, y, ty) in zip(a, b, strict=True):
-        assert abs(x - y) <= 1e-4, (label, x, y)
-        assert [t for t, _ in tx] == [t for t, _ in ty] and all(abs(p - q) <= 1e-4 for (_, p), (_, q) in
+        assert abs(x - y) <= tol, (label, x, y)
+        assert [t for t, _ in tx] == [t for t, _ in ty] and all(abs(p - q) <= tol for (_, p), (_, q) in
                                                                 zip(tx, ty, strict=True)), label
 
 
@@ -58,7 +63,7 @@ def test_logprobs_are_the_targets_on_every_pool_and_n_choices(stack: Stack) -> N
             assert "".join(t for t, _, _ in got) == ch.message.content and all(len(t) == 3 for _, _, t in got)
             assert all(lp <= 0 and top[0][1] >= lp - 1e-6 for _, lp, top in got)
             refs.setdefault(name, got)
-            _close(got, refs[name], f"{pool} {name}")
+            _close(got, refs[name], f"{pool} {name}", extra["temperature"])
             if pool != "ar" and r.parse().specroute["drafted_tokens"] == 0:   # type: ignore[attr-defined]
                 pytest.fail(f"{pool} drafted nothing")
     stream = c.chat.completions.create(model="specroute", messages=CHAT, max_tokens=24, logprobs=True,
