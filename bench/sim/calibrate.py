@@ -43,15 +43,21 @@ def _rate(spans: Sequence[tuple[float, float, int]]) -> float:
     return sum(n for _, _, n in spans) / wall if wall > 0 else 0.0
 
 
-def phase_rates(log: Sequence[Mapping[str, Any]], traffic: Mapping[tuple[str, int], list[Request]], scenario: str,
-                arm: str, results: Mapping[int, SimResult]) -> dict[str, dict[str, float]]:
-    """phase -> measured and simulated output tokens/s (median over rounds) of one arm x scenario."""
+# scenario -> arm -> phase -> the run's measured output tokens/s in that phase (median over rounds)
+PhaseFigures = Mapping[str, Mapping[str, Mapping[str, float]]]
+
+
+def phase_rates(log: Sequence[Mapping[str, Any]] | None, traffic: Mapping[tuple[str, int], list[Request]],
+                scenario: str, arm: str, results: Mapping[int, SimResult],
+                measured: PhaseFigures | None = None) -> dict[str, dict[str, float]]:
+    """phase -> measured and simulated output tokens/s (median over rounds) of one arm x scenario; the
+    measured side from the run's request `log`, else from `measured` (`measured_phases`)."""
     phases = sorted({r.phase for (s, _), reqs in traffic.items() if s == scenario for r in reqs})
     out: dict[str, dict[str, float]] = {}
     for ph in phases:
         meas, sim = [], []
         for rnd, res in results.items():
-            rows = [r for r in log if str(r["cell"]).split("@")[0] == scenario and r["arm"] == arm
+            rows = [r for r in log or () if str(r["cell"]).split("@")[0] == scenario and r["arm"] == arm
                     and int(r["round"]) == rnd and int(r["phase"]) == ph]
             if rows:
                 meas.append(_rate([(r["t_send"], r["t_end"], int(r["completion_tokens"])) for r in rows]))
@@ -59,6 +65,8 @@ def phase_rates(log: Sequence[Mapping[str, Any]], traffic: Mapping[tuple[str, in
             spans = [(o.t_send, o.t_end, o.tokens) for o in res.measured if o.index in idx]
             if spans:
                 sim.append(_rate(spans))
+        if not meas and measured is not None and str(ph) in measured.get(scenario, {}).get(arm, {}):
+            meas = [measured[scenario][arm][str(ph)]]
         if meas and sim:
             m, s_ = statistics.median(meas), statistics.median(sim)
             out[str(ph)] = {"measured_tokens_per_s": round(m, 1), "simulated_tokens_per_s": round(s_, 1),
@@ -84,11 +92,20 @@ def measured_figures(run: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             for c in run["cells"]}
 
 
+def measured_phases(doc: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """The measured per-phase figures of an earlier calibration (`cells[scenario][arm].phases`): the
+    run's, for when its request log is not kept."""
+    return {scen: {arm: {ph: float(x["measured_tokens_per_s"]) for ph, x in v["phases"].items()}
+                   for arm, v in arms.items() if "phases" in v}
+            for scen, arms in doc.get("cells", {}).items()}
+
+
 def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str, Any], profile_doc: Mapping[str, Any],
               arms: Sequence[str] | None = None, command: str = "",
-              log: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Every arm x scenario of `run`, simulated; with the run's request `log`, also per phase of the
-    scenarios that have several (where the load or the traffic changes)."""
+              log: Sequence[Mapping[str, Any]] | None = None, phases: PhaseFigures | None = None) -> dict[str, Any]:
+    """Every arm x scenario of `run`, simulated; with the run's request `log` (or its measured per-phase
+    figures, `phases`), also per phase of the scenarios that have several (where the load or the
+    traffic changes)."""
     t0 = time.time()
     profile = TableProfile.from_doc(profile_doc)
     measured = measured_figures(run)
@@ -108,8 +125,10 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
                 "measured_tokens_per_s": round(meas, 2), "simulated_tokens_per_s": round(sim, 2),
                 "simulated_rounds": [round(x, 2) for x in rounds], "relative_error": round(err, 4),
                 "fitted": arm == FIT_ARM, "within_10pct": abs(err) <= 0.10}
-            if log is not None and len(run_phases(run, scen)) > 1:
-                table[scen][arm]["phases"] = phase_rates(log, traffic, scen, arm, results)
+            if (log is not None or phases is not None) and len(run_phases(run, scen)) > 1:
+                per = phase_rates(log, traffic, scen, arm, results, phases)
+                if per:
+                    table[scen][arm]["phases"] = per
     checks = [abs(v["relative_error"]) for s in table.values() for a, v in s.items() if a != FIT_ARM]
     return {
         "benchmark": "sim-calibration",
@@ -129,7 +148,12 @@ def calibrate(traffic: Mapping[tuple[str, int], list[Request]], run: Mapping[str
             f"one factor fitted: scale (wall time per profiled ms) on {FIT_ARM}; every other arm is a check",
             "profile: thread CPU time on the profiling machine; the run: wall time on its own machine, two workers, "
             "the gateway, Redis and the load generator sharing two cores: 'scale' carries both, at the run's "
-            "concurrency; where fewer rows run (S5's concurrency-2 phases) the machine is less contended than it says",
+            "concurrency, where both workers step all the time; where one worker steps while the other idles (S5's "
+            "concurrency-2 phases: the gateway balances on a polled load up to a second old, ties broken at random, "
+            "so both requests often share one worker) that worker has the machine more to itself than 'scale' says, "
+            "and the simulated figure is low",
+            "per phase without the run's request log: the measured side from an earlier calibration of the same run "
+            "(meta.inputs.phases_from)",
         ],
         "summary": {
             "cells": len(errors), "within_10pct": sum(e <= 0.10 for e in errors),

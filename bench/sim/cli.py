@@ -6,6 +6,7 @@
                   --out bench/results/sim-traffic-routing.jsonl.gz                 # logged requests -> traffic
     specroute sim profile --out bench/results/sim-profile-cpu.json                 # this machine's step costs
     specroute sim calibrate --out bench/results/sim-calibration.json               # against bench routing
+                  [--requests RUN-requests.jsonl.gz | --phases-from EARLIER-CALIBRATION.json]   # + per phase
     specroute sim hy3 --out bench/results/sim-hy3.json                             # against AngelSpec's Hy3 table
     specroute sim predictor --out bench/results/routing-predictor.json             # per-request prediction, replayed
 
@@ -145,17 +146,23 @@ def main(argv: list[str]) -> int:
         ap.add_argument("--out", type=Path, default=Path("bench/results/sim-calibration.json"))
         ap.add_argument("--run-cpu", default="", help="the run's CPU where its meta lacks one")
         ap.add_argument("--requests", type=Path, help="the run's request log: per-phase figures too")
+        ap.add_argument("--phases-from", type=Path,
+                        help="an earlier calibration of the same run: its measured per-phase figures (when the "
+                             "request log is not kept)")
         a = ap.parse_args(rest)
-        from bench.sim.calibrate import calibrate
-        from bench.sim.traffic import read_traffic
+        from bench.sim.calibrate import calibrate, measured_phases
+        from bench.sim.traffic import read_log, read_traffic
 
         groups = read_traffic(a.traffic)
         traffic = {(g.split("/")[0], int(g.split("/")[1])): v for g, v in groups.items()}
-        from bench.sim.traffic import read_log
-
+        if a.requests is not None and not a.requests.exists():
+            raise UserError(f"no request log {a.requests}")
         log = read_log(a.requests) if a.requests is not None else None
-        doc = calibrate(traffic, _read_json(a.run), _read_json(a.profile), command=_command(argv), log=log)
-        doc["meta"]["inputs"] = {"run": str(a.run), "traffic": str(a.traffic), "profile": str(a.profile)}
+        phases = measured_phases(_read_json(a.phases_from)) if a.phases_from is not None else None
+        doc = calibrate(traffic, _read_json(a.run), _read_json(a.profile), command=_command(argv), log=log,
+                        phases=phases)
+        doc["meta"]["inputs"] = {"run": str(a.run), "traffic": str(a.traffic), "profile": str(a.profile),
+                                 **({"phases_from": str(a.phases_from)} if a.phases_from is not None else {})}
         doc["meta"]["run_cpu"] = doc["meta"]["run_cpu"] or a.run_cpu
         _write(doc, a.out)
         s = doc["summary"]

@@ -15,13 +15,17 @@ from one seeded RNG, so the same inputs give the same result.
   the profile says (`StepProfile`: drafts per drafter over its rows + one verify forward of every row
   padded to the widest, + prefill; on a D-Cut worker the widest row's measured excess over the mean and
   D-Cut's own work), times `scale`. A multi-mode worker may narrow every row to one drafter (`narrow`).
+  A D-Cut worker drafts for the whole batch or for none of it (engines/dcut/controller.py
+  `rows_to_draft`: all rows draft where that pays for the batch, else a plain step): it drafts in the
+  share of its steps that its running rows' replays drafted in.
 - Acceptance: replayed per request from a trace of the same prompt served by each mode (`Replay`:
   its decode steps, how many of them verified drafts and how many drafts per such step): a request's
   decode takes the steps its mode took for it when measured, whatever the batch it lands in.
 
 Not modelled: the gateway's drift detection on the snapshot (router/drift.py), D-Cut's live draft
-length in the pool state (`draft_now`), retries and faults other than what the traces carry, and the
-CPU the gateway and clients take from the workers (in `scale`).
+length in the pool state (`draft_now`), D-Cut's one-row probes within a plain stretch, retries and
+faults other than what the traces carry, and the CPU the gateway and clients take from the workers
+(in `scale`).
 """
 
 from __future__ import annotations
@@ -191,28 +195,48 @@ class _WorkerState:
     running: list[_Row] = field(default_factory=list)
     busy: bool = False
     busy_s: float = 0.0
+    draft_credit: float = 0.0   # D-Cut: drafted steps owed to the running rows' drafted share (below one)
 
     def load(self) -> tuple[int, int]:
         return len(self.running) + len(self.prefilling), len(self.waiting)
 
 
-def step_cost(profile: StepProfile, rows: Sequence[_Row], dcut: bool = False) -> float:
+def dcut_drafts(ws: _WorkerState, rows: Sequence[_Row]) -> bool:
+    """Does a D-Cut worker's next step draft (for every row; else it is a plain step)? D-Cut decides per
+    step for the whole batch, so the worker drafts in the mean share of steps its rows' replays drafted
+    in (each replay taken in such synchronised batches), spread evenly by a running credit."""
+    shares = [r.rep.drafted_steps / r.rep.steps for r in rows if r.mode != "ar" and r.rep.steps > 0]
+    if not shares:
+        return False
+    ws.draft_credit += sum(shares) / len(shares)
+    if ws.draft_credit >= 1.0 - 1e-9:
+        ws.draft_credit -= 1.0
+        return True
+    return False
+
+
+def step_cost(profile: StepProfile, rows: Sequence[_Row], dcut: bool = False, drafting: bool | None = None) -> float:
     """One decode step over `rows` (ms): each drafter's call over the rows it drafts for, and one verify
-    forward of every row padded to the widest. A row's width is its mean over its drafted steps; under
-    D-Cut a step's rows keep unequal drafts, and the widest exceeds the mean by the profile's measured
-    `dcut_padding` for that many drafting rows, and D-Cut's own work (`dcut_ms`) is added."""
+    forward of every row padded to the widest. A row's width is its mean over its drafted steps, and
+    which rows draft is each row's own turn (`_Row.drafts_now`) unless `drafting` says for all of them
+    (a D-Cut step). Under D-Cut (`dcut`) a step's rows keep unequal drafts: the widest exceeds the mean
+    kept drafts of the drafting rows by the profile's measured `dcut_padding` for that many rows (that
+    ratio is measured against the mean, so it scales the mean, not the widest row's own mean), and
+    D-Cut's own work (`dcut_ms`) is added."""
     if not rows:
         return 0.0
     by_mode: dict[str, int] = {}
     width = 1.0
+    kept = 0.0
     for r in rows:
-        if r.mode != "ar" and r.drafts_now():
+        if r.mode != "ar" and (r.drafts_now() if drafting is None else drafting):
             by_mode[r.mode] = by_mode.get(r.mode, 0) + 1
             width = max(width, r.rep.width)
+            kept += r.rep.width - 1.0
     extra = 0.0
     if dcut and by_mode:
         n = sum(by_mode.values())
-        width = 1.0 + (width - 1.0) * profile.dcut_padding(n)
+        width = 1.0 + kept / n * profile.dcut_padding(n)
         extra = profile.dcut_ms(n)
     return extra + sum(profile.draft_ms(m, n) for m, n in sorted(by_mode.items())) + profile.verify_ms(len(rows), width)
 
@@ -324,7 +348,7 @@ def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gat
                 ready.append(row)
         ws.running.extend(ready)
         decoding = [r for r in ws.running if r.done_steps < r.rep.steps]
-        cost += step_cost(profile, decoding, ws.spec.dcut)
+        cost += step_cost(profile, decoding, ws.spec.dcut, dcut_drafts(ws, decoding) if ws.spec.dcut else None)
         dt = cost * scale / 1000.0
         ws.busy = True
         ws.busy_s += dt

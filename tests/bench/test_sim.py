@@ -113,7 +113,75 @@ def test_mixed_step_pads_to_the_widest_row_and_calls_each_drafter() -> None:
     rows = [_Row(req(0), out, "mtp", "mtp", "chat", "", Replay(9, 3, 9, 6, 3), 0.0, 0),
             _Row(req(1), out, "dfly", "dfly", "code", "", Replay(9, 2, 14, 6, 2), 0.0, 0)]
     assert step_cost(Width(), rows) == 2.0 + 2.0 + 2 * 8.0
-    assert step_cost(Width(), rows, dcut=True) == 0.5 + 2.0 + 2.0 + 2 * (1.0 + 7.0 * 1.5)   # D-Cut: unequal keeps
+    # D-Cut: unequal keeps, the widest `dcut_padding` (1.5) times the mean kept drafts ((3 + 7) / 2)
+    assert step_cost(Width(), rows, dcut=True) == 0.5 + 2.0 + 2.0 + 2 * (1.0 + 5.0 * 1.5)
+
+
+def _rows(*reps: Replay, done: tuple[int, ...] = ()) -> list:
+    from bench.sim.core import Outcome, _Row
+
+    out = Outcome(0, True, "", "", "", "", 9, 0.0)
+    return [_Row(req(i), out, "dfly", "dfly", "code", "", rep, 0.0, 0, done[i] if done else 0)
+            for i, rep in enumerate(reps)]
+
+
+def test_dcut_step_drafts_for_every_row_or_none() -> None:
+    """D-Cut decides per step for the whole batch: a drafted step drafts and verifies every row, a plain
+    step none; the worker drafts in its rows' mean drafted share of steps."""
+    from bench.sim.core import _WorkerState, dcut_drafts
+
+    half = Replay(9, 4, 8, 4, 2)                        # drafted 2 of its 4 steps, 4 drafts each
+    rows = _rows(half, half, done=(0, 1))               # on their own turns, one of them drafts every step
+    assert [r.drafts_now() for r in rows] == [False, True]
+    assert step_cost(Flat(), rows) == 2.0 + 12.0
+    ws = _WorkerState(Worker("d", ("dfly",), dcut=True))
+    turns = []
+    for _ in range(4):
+        turns.append(dcut_drafts(ws, rows))
+        for r in rows:
+            r.done_steps += 1
+    assert turns == [False, True, False, True]
+    assert step_cost(Flat(), rows, dcut=True, drafting=False) == 12.0                 # plain: one verify
+    assert step_cost(Flat(), rows, dcut=True, drafting=True) == 0.5 + 2.0 + 12.0     # every row drafts
+    full, none = Replay(9, 3, 9, 6, 3), Replay(9, 8)
+    assert dcut_drafts(_WorkerState(Worker("d", ("dfly",), dcut=True)), _rows(full))
+    assert not dcut_drafts(_WorkerState(Worker("d", ("dfly",), dcut=True)), _rows(none))
+
+
+def test_dcut_worker_takes_plain_steps_where_rows_draft_part_time() -> None:
+    """Two rows drafting half their steps on their own turns, offset by a step: every step drafts for
+    one of them (draft + verify padded to 5 tokens); on a D-Cut worker half the steps are plain."""
+    @dataclass(frozen=True)
+    class Width(Flat):
+        def verify_ms(self, rows: int, width: float) -> float:
+            return rows * width
+
+        def dcut_padding(self, rows: int) -> float:
+            return 1.0
+
+        def dcut_ms(self, rows: int) -> float:
+            return 0.0
+
+    half = {"dfly": Replay(9, 8, 16, 8, 4), "mtp": Replay(9, 8, 16, 8, 4), "ar": Replay(9, 8)}
+    traffic = [Request(i, 0, 2, {"code": 1.0}, 0.0, 0.0, 10, half, RequestContext("", "latin", "0", "short"))
+               for i in range(2)]
+    times = {}
+    for dcut in (False, True):
+        ws = (Worker("w0", ("dfly",), dcut=dcut),)
+        fleet = Fleet(ws, {"dfly": (("w0", "dfly"),)})
+        res = simulate(traffic, fleet, Width(), Gateway(default_policy(["dfly"]), overhead_ms=0.0))
+        assert res.steps == 9 and [r.tokens for r in res.requests] == [9, 9]
+        times[dcut] = max(r.t_end for r in res.requests)
+    assert times[True] < times[False]
+
+
+def test_calibration_reads_measured_phases_of_an_earlier_calibration() -> None:
+    from bench.sim.calibrate import measured_phases
+
+    doc = {"cells": {"S5": {"all-ar": {"phases": {"0": {"measured_tokens_per_s": 150.0, "simulated_tokens_per_s": 1.0,
+                                                          "relative_error": 0.0}}},
+                            "all-mtp": {"relative_error": 0.0}}}}
+    assert measured_phases(doc) == {"S5": {"all-ar": {"0": 150.0}}}
 
 
 def test_table_profile_interpolates_and_extends() -> None:
