@@ -35,7 +35,7 @@ from engines.training.batch import bucketed_batch, make_batch, prepare_data
 from engines.training.distill import DistillSet, Features
 from engines.training.evaluate import evaluate, evaluate_bundle, summarize
 from engines.training.losses import StepOut, objective_for
-from engines.training.optim import adamw, lr_at, optimizer_step, save_checkpoint
+from engines.training.optim import adamw, lr_at, optimizer_step, save_checkpoint, train_autocast
 from engines.training.recipe import DrafterPreset, resolve_preset
 from engines.training.report import Progress, card_section, training_report
 from specroute.errors import UserError
@@ -76,7 +76,7 @@ class Run:
         data, feats = self.data
         idx = bucketed_batch([len(t) for t in data.tokens], p.batch_size, self.gen)
         b = make_batch(data, feats, idx, self.drafter, teacher=p.loss != "ce")
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with train_autocast():
             out = self.objective.train_loss(self.drafter, b, p, self.gen)
         optimizer_step(self.opt, self.params, out.loss, lr_at(run.step, run.total, p))
         run.step += 1

@@ -21,6 +21,7 @@ from engines.training.batch import make_batch, prepare_data
 from engines.training.data import DOMAINS
 from engines.training.distill import DistillSet, Features
 from engines.training.losses import StepOut, objective_for
+from engines.training.optim import train_autocast
 from engines.training.recipe import PRESETS, DrafterPreset
 
 EVAL_BATCH = 8
@@ -66,7 +67,7 @@ def evaluate(d: Drafter, data: DistillSet, feats: Features, p: DrafterPreset) ->
             rows = [i for i in range(len(data)) if data.domains[i] == dom]
             for c in range(0, len(rows), EVAL_BATCH):
                 b = make_batch(data, feats, rows[c:c + EVAL_BATCH], d, teacher=True)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with train_autocast():
                     per_dom[dom] += objective.eval_outs(d, b, setting, p)
         res[key] = {dom: summarize(o) for dom, o in per_dom.items() if o}
         taus = [v["tau"] for v in res[key].values()]

@@ -1,9 +1,13 @@
 """What the target's and the drafters' training loops share: the optimisation settings, AdamW with
-linear warmup then cosine decay (weight decay on matrices only), one clipped optimiser step, and
-checkpoints written atomically (a crash never leaves a half-written one)."""
+linear warmup then cosine decay (weight decay on matrices only), one clipped optimiser step,
+checkpoints written atomically (a crash never leaves a half-written one), and the precision of the
+forward passes: bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), fp32
+elsewhere (on an AVX2-only CPU a bf16 matmul is emulated, several times slower than fp32)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +29,26 @@ class Schedule:
     ckpt_every: int
     seed: int = 1234
     threads: int = 2
+
+
+@functools.cache
+def bf16_is_native() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (the avx512_bf16 or amx_bf16 flag, Linux)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def train_autocast() -> contextlib.AbstractContextManager:
+    """The training forward's precision: bf16 autocast where it is native, else fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_is_native())
+
+
+def precision() -> str:
+    """What `train_autocast` does here, for the training reports."""
+    return "bf16 autocast" if bf16_is_native() else "fp32 (no native bf16 on this CPU)"
 
 
 def lr_at(step: int, total: int, s: Schedule) -> float:

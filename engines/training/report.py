@@ -12,6 +12,7 @@ from engines.drafters.registry import DRAFTERS
 from engines.training.data import DOMAINS
 from engines.training.distill import REFERENCE, DistillSet
 from engines.training.losses import objective_for
+from engines.training.optim import precision
 from engines.training.recipe import DrafterPreset
 
 
@@ -36,6 +37,7 @@ def training_report(d: Drafter, preset: str, p: DrafterPreset, run: Progress, fi
         "file_mb": round((dest / "model.safetensors").stat().st_size / 2**20, 2),
         "train_seconds": round(run.elapsed, 1), "data_seconds": round(data_seconds, 1),
         "steps": run.step, "final_loss": last.get("loss"), "train_acc": last.get("train_acc", []),
+        "precision": precision(),
         "heldout": {k: v for k, v in final_eval.items() if k != "step"},
     }
     objective = objective_for(type(d))
@@ -104,7 +106,8 @@ def drafter_lines(kind: str, report: dict, layers_field: str) -> list[str]:
              f"- objective: {rec['objective']}",
              f"- data: {rec['data']['sequences']} sequences, {rec['data']['response_tokens']:,} response tokens "
              f"({rec['data']['per_domain']})",
-             f"- {s['steps']} steps x batch {pre['batch_size']}, AdamW lr {pre['lr']} cosine, bf16 autocast, "
+             f"- {s['steps']} steps x batch {pre['batch_size']}, AdamW lr {pre['lr']} cosine, "
+             f"{s.get('precision', 'bf16 autocast')}, "
              f"{s['train_seconds'] / 60:.1f} min on {_threads(pre.get('threads', 2))} (+{s['data_seconds'] / 60:.1f} "
              f"min data){_continued(kind, rec.get('init_from'), s['steps'])}", ""]
     lines += ["| setting | domain | tau | tau T=1 | top-1 accuracy by position |", "|---|---|---|---|---|"]

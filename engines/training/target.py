@@ -24,7 +24,7 @@ from engines.model import ModelConfig, Transformer, init_weights, save_model
 from engines.tokenizer import Tokenizer
 from engines.training.corpus import build_token_streams
 from engines.training.data import DOMAINS
-from engines.training.optim import Schedule, adamw, lr_at, optimizer_step, save_checkpoint
+from engines.training.optim import Schedule, adamw, lr_at, optimizer_step, save_checkpoint, train_autocast
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def heldout_perplexity(model: Transformer, held: dict[str, np.ndarray], seq_len:
         losses = []
         for _ in range(batches):
             x, y = b.domain_batch(i, batch_size)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with train_autocast():
                 losses.append(loss_fn(model, x, y).item())
         out[d] = float(math.exp(np.mean(losses)))
     model.train()
@@ -145,7 +145,7 @@ def train_target(out_dir: Path, preset_name: str = "demo", work_dir: Path | None
     while step < p.steps:
         t0 = time.perf_counter()
         x, y = batcher.batch(p.batch_size)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with train_autocast():
             loss = loss_fn(model, x, y)
         optimizer_step(opt, params, loss, lr_at(step, p.steps, p))
         step += 1
