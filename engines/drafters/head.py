@@ -8,8 +8,11 @@ drafter proposes, verification keeps the output the target's. Two cheap approxim
   of V x H; a token outside the set is simply never drafted (its draft probability q is 0, which
   speculative sampling handles exactly);
 - a lower-precision copy (bf16 by default when serving), halving the bytes each draft position reads.
+  It is used where it is faster (`engines.precision.bf16_pays`): always on a CPU with native bf16,
+  else only for products of a row or two (an emulated bf16 product over more rows is slower than fp32,
+  so wider drafting, a DFly block or a busy batch, reads the rows in the target's precision).
 
-`DraftHead` holds that copy (never saved: it is rebuilt from the target) and maps draft-vocabulary
+`DraftHead` holds those rows (never saved: rebuilt from the target) and maps draft-vocabulary
 indices back to token ids. Shapes: N draft vocabulary, V full vocabulary, H hidden.
 """
 
@@ -22,31 +25,38 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engines.precision import bf16_is_native, bf16_pays
 from engines.sampling import RowParam, logits_to_probs, sample
 
 
 @dataclass
 class DraftHead:
-    weight: Tensor          # [N, H] the target's LM-head rows for the draft vocabulary, drafting dtype
+    weight: Tensor          # [N, H] the target's LM-head rows for the draft vocabulary, its dtype
     ids: Tensor | None      # [N] token id of row i (None: the full vocabulary, row i is token i)
     vocab_size: int         # V
+    narrow: Tensor | None = None   # [N, H] the same rows in the drafting dtype, where it differs
 
     @classmethod
     def build(cls, lm_head: Tensor, draft_vocab: Tensor | None, dtype: torch.dtype) -> DraftHead:
-        """lm_head [V, H]; draft_vocab [N] token ids (None or empty: full vocabulary)."""
+        """lm_head [V, H]; draft_vocab [N] token ids (None or empty: full vocabulary); `dtype` the
+        drafting precision (the target's: exact)."""
         V = lm_head.shape[0]
-        if draft_vocab is None or draft_vocab.numel() == 0:
-            return cls(lm_head.detach().to(dtype).contiguous(), None, V)
-        ids = draft_vocab.long()
-        return cls(lm_head.detach()[ids].to(dtype).contiguous(), ids, V)
+        full = draft_vocab is None or draft_vocab.numel() == 0
+        ids = None if full else draft_vocab.long()   # type: ignore[union-attr]
+        rows = lm_head.detach() if ids is None else lm_head.detach()[ids].contiguous()
+        narrow = rows.to(dtype).contiguous() if dtype != rows.dtype else None
+        if narrow is not None and bf16_is_native():
+            rows = narrow    # never read in the target's precision: keep one copy
+        return cls(rows, ids, V, narrow)
 
     @property
     def size(self) -> int:
         return self.weight.shape[0]
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """[.., H] -> [.., N] fp32."""
-        return F.linear(hidden.to(self.weight.dtype), self.weight).float()
+        """[.., H] -> [.., N] fp32, through the drafting copy where it is the faster product."""
+        w = self.narrow if self.narrow is not None and bf16_pays(hidden.numel() // hidden.shape[-1]) else self.weight
+        return F.linear(hidden.to(w.dtype), w).float()
 
     def tokens(self, index: Tensor) -> Tensor:
         """Draft-vocabulary indices -> token ids (same shape)."""

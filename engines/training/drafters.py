@@ -67,7 +67,10 @@ class Run:
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**{k: state[k] for k in asdict(self.progress)})
-        print(f"resumed {self.drafter.kind} from {self.ckpt} at step {self.progress.step}")
+        if self.p.time_budget_s is None and self.p.steps != self.progress.total:
+            # a step cap given on resume replaces the checkpoint's (the cosine decay follows the new end)
+            self.progress.total = max(self.progress.step, self.p.steps)
+        print(f"resumed {self.drafter.kind} from {self.ckpt} at step {self.progress.step} of {self.progress.total}")
 
     def step(self) -> StepOut:
         """One optimiser step on a random batch."""

@@ -1,13 +1,11 @@
 """What the target's and the drafters' training loops share: the optimisation settings, AdamW with
 linear warmup then cosine decay (weight decay on matrices only), one clipped optimiser step,
 checkpoints written atomically (a crash never leaves a half-written one), and the precision of the
-forward passes: bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), fp32
-elsewhere (on an AVX2-only CPU a bf16 matmul is emulated, several times slower than fp32)."""
+forward passes: bf16 autocast where the CPU multiplies bf16 natively (`engines.precision`), else fp32."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +13,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from engines.precision import bf16_is_native
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,16 +29,6 @@ class Schedule:
     ckpt_every: int
     seed: int = 1234
     threads: int = 2
-
-
-@functools.cache
-def bf16_is_native() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (the avx512_bf16 or amx_bf16 flag, Linux)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def train_autocast() -> contextlib.AbstractContextManager:

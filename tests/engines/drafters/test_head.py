@@ -58,7 +58,25 @@ def test_draft_head_maps_indices_and_distributions_back_to_the_vocabulary():
     full = head.full_probs(torch.tensor([[0.2, 0.3, 0.5]]))
     assert full.shape == (1, 10) and full[0, [1, 4, 7]].tolist() == pytest.approx([0.2, 0.3, 0.5])
     assert float(full.sum()) == pytest.approx(1.0)
-    assert DraftHead.build(w, None, torch.bfloat16).weight.dtype == torch.bfloat16
+    half = DraftHead.build(w, None, torch.bfloat16)
+    assert (half.narrow if half.narrow is not None else half.weight).dtype == torch.bfloat16
+
+
+def test_the_bf16_copy_is_read_where_it_is_the_faster_product(monkeypatch):
+    """Native bf16: one bf16 copy, always read. Emulated: the target's rows for products over several
+    rows, the bf16 copy for one or two (memory-bound, half the bytes)."""
+    import engines.drafters.head as head_mod
+
+    w = torch.randn(10, 4)
+    for native in (True, False):
+        monkeypatch.setattr(head_mod, "bf16_is_native", lambda native=native: native)
+        monkeypatch.setattr(head_mod, "bf16_pays", lambda rows, native=native: native or rows <= 2)
+        head = DraftHead.build(w, torch.tensor([1, 4, 7]), torch.bfloat16)
+        assert head.narrow is not None and head.weight.dtype == (torch.bfloat16 if native else torch.float32)
+        one, many = torch.randn(1, 4), torch.randn(8, 4)
+        torch.testing.assert_close(head.logits(one), (one.bfloat16() @ head.narrow.T).float())
+        want = (many.bfloat16() @ head.narrow.T).float() if native else many @ w[[1, 4, 7]].T
+        torch.testing.assert_close(head.logits(many), want)
 
 
 VOCAB = torch.tensor(sorted({0, 1, 2, *range(3, TINY.vocab_size, 3)}))   # ~1/3 of the vocabulary

@@ -268,3 +268,11 @@ def test_fine_tune_starts_from_a_trained_drafter(bundle, monkeypatch):
 
     line = next(x for x in drafter_lines("mtp", report, "mtp_layers") if "steps x batch" in x)
     assert f"continuing the {first['summary']['steps']} steps" in line and "torch thread" in line
+
+
+def test_a_step_cap_given_on_resume_replaces_the_checkpoints(bundle):
+    work = bundle.parent / "recap"
+    part = train_drafter("mtp", bundle, "tiny", work_dir=work, resume=False, stop_after=2)
+    assert part["summary"]["stopped_at"] == 2
+    done = train_drafter("mtp", bundle, "tiny", work_dir=work, resume=True, max_steps=4)
+    assert done["summary"]["steps"] == 4
