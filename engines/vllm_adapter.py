@@ -29,7 +29,7 @@ from specroute.contracts.grammar import GrammarSpec
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
-VLLM_METHODS = ("none", "ngram", "draft_model", "mtp", "dflash")
+VLLM_METHODS = ("none", "ngram", "draft_model", "eagle", "mtp", "dflash")
 DEFAULT_K = 3
 DEFAULT_BLOCK_SIZE = 16
 NGRAM_LOOKUP = (1, 4)   # prompt_lookup_min, prompt_lookup_max
@@ -46,6 +46,8 @@ def speculative_config(method: str | None, k: int | None = None, drafter: str | 
 
     ngram:       {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     draft_model: {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
+    eagle:       {"method": "eagle", "model": drafter, "num_speculative_tokens": k}   (e.g. our MTP head,
+                 `specroute model export-vllm`)
     mtp:         {"method": "mtp", "num_speculative_tokens": k}   (drafter head inside the target checkpoint;
                  with a drafter, "model": drafter: a separate MTP checkpoint)
     dflash:      {"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1}
@@ -71,6 +73,11 @@ def speculative_config(method: str | None, k: int | None = None, drafter: str | 
     if method == "ngram":
         lo, hi = NGRAM_LOOKUP
         return {"method": "ngram", "num_speculative_tokens": n, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if method == "eagle":
+        if not drafter:
+            raise UserError("vllm eagle needs a drafter checkpoint (--vllm-drafter PATH_OR_HF_ID, e.g. our MTP head "
+                            "written by `specroute model export-vllm`)")
+        return {"method": "eagle", "model": str(drafter), "num_speculative_tokens": n}
     if method == "draft_model":
         if not drafter:
             raise UserError("vllm draft_model needs a small draft model (--vllm-drafter PATH_OR_HF_ID) "

@@ -56,6 +56,10 @@ def test_engine_kwargs_from_settings():
     assert kw["per_request_spec_decode_metrics"] == "summary" and kw["gpu_memory_utilization"] == 0.9
     mtp = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2, vllm_method="mtp"))
     assert mtp["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    eagle = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=3, vllm_method="eagle", vllm_drafter="/x/e"))
+    assert eagle["speculative_config"] == {"method": "eagle", "model": "/x/e", "num_speculative_tokens": 3}
+    with pytest.raises(UserError, match="export-vllm"):
+        speculative_config("eagle")
     own = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2, vllm_method="mtp", vllm_drafter="/x/mtp"))
     assert own["speculative_config"] == {"method": "mtp", "model": "/x/mtp", "num_speculative_tokens": 2}
     # default without a drafter: ngram (any model, any device); on a CPU the CPU defaults, then --engine-arg
