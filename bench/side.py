@@ -223,7 +223,9 @@ def main(argv: list[str]) -> int:
     max_len = args.max_prompt_tokens + args.max_tokens + 64
     arms: list[Arm] = []
     failed: dict[str, str] = {}
-    notes: list[str] = []
+    notes = [f"threads: torch {args.threads} for ours; vLLM OMP_NUM_THREADS={args.threads}, its CPU worker pinned by "
+             f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')} (auto: one core, "
+             "the other reserved), its scheduler and detokenizer in their own processes"]
     with tempfile.TemporaryDirectory(prefix="specroute-side-") as tmp:
         try:
             for spec in specs:
