@@ -68,7 +68,7 @@ class SideReport(BaseModel):
     threads: int
     max_tokens: int
     requests: int
-    rounds: int
+    rounds: int                      # rounds finished (the file is rewritten after each)
     prompts: int
     arms: list[str]
     rows: list[SideRow]
@@ -189,6 +189,20 @@ def row_of(arm: Arm, c: int, reference: dict[str, list[int]], target: Any) -> Si
     return row
 
 
+def write_report(report: SideReport, arms: list[Arm], concurrencies: list[int], out: Path) -> None:
+    """Rows, the lossless checks against our AR's outputs and the AR ratio over the rounds so far -> `out`."""
+    ar = next(a for a in arms if a.name == "ar")
+    reference: dict[str, list[int]] = {}
+    for req in ar.reqs[concurrencies[0]]:
+        reference.setdefault(req.prompt_id, req.tokens)
+    report.rows = [row_of(a, c, reference, ar.target) for a in arms for c in concurrencies]
+    vllm_ar = next((a for a in arms if a.name == "vllm:none"), None)
+    if vllm_ar is not None:
+        report.ar_vs_vllm = {str(c): paired_ratio(ar.rates[c], vllm_ar.rates[c]) for c in concurrencies}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.model_dump(), indent=1) + "\n")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="specroute bench side", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/smollm2")
@@ -252,29 +266,19 @@ def main(argv: list[str]) -> int:
                         time.sleep(SETTLE_S)
                         print(f"bench side: round {r + 1} c={c} {arm.name}: {arm.rates[c][-1]:.1f} tok/s",
                               file=sys.stderr, flush=True)
+                # after every round: a run cut short still leaves the rounds it finished
+                report = SideReport(model=str(model_dir), threads=args.threads, max_tokens=args.max_tokens,
+                                    requests=args.requests, rounds=r + 1, prompts=len(prompts), arms=specs,
+                                    rows=[], failed=failed, notes=notes)
+                write_report(report, arms, concurrencies, Path(args.out))
         finally:
             for arm in arms:
                 arm.runner.stop()
-    ar = next(a for a in arms if a.name == "ar")
-    reference = {}
-    for req in ar.reqs[concurrencies[0]]:
-        reference.setdefault(req.prompt_id, req.tokens)
-    rows = [row_of(a, c, reference, ar.target) for a in arms for c in concurrencies]
-    versus = {}
-    vllm_ar = next((a for a in arms if a.name == "vllm:none"), None)
-    if vllm_ar is not None:
-        versus = {str(c): paired_ratio(ar.rates[c], vllm_ar.rates[c]) for c in concurrencies}
-    report = SideReport(model=str(model_dir), threads=args.threads, max_tokens=args.max_tokens,
-                        requests=args.requests, rounds=args.rounds, prompts=len(prompts), arms=specs, rows=rows,
-                        failed=failed, ar_vs_vllm=versus, notes=notes)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report.model_dump(), indent=1) + "\n")
-    for row in rows:
+    for row in report.rows:
         print(f"bench side: {row.arm:<18} c={row.concurrency}: median {row.tokens_per_s_median:6.1f} tok/s "
               f"[{row.tokens_per_s_min:.1f}, {row.tokens_per_s_max:.1f}], MAL {row.mean_accepted_length:.2f}, "
               f"lossless failures {row.lossless_failures}")
-    for c, v in versus.items():
+    for c, v in report.ar_vs_vllm.items():
         print(f"bench side: our AR / vLLM AR at c={c}: median {v['median']} [{v['min']}, {v['max']}]")
-    print(f"bench side: wrote {out}")
+    print(f"bench side: wrote {args.out}")
     return 0
