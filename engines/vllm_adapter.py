@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.chat_tools import fallback_messages, native_messages, template_supports_tools
+from engines.logprobs import FLOOR, TokenLogprob
 from engines.requests import GenRequest, RequestStats
 from specroute.contracts.grammar import GrammarSpec
 from specroute.contracts.stats import AcceptanceStats
@@ -38,6 +39,16 @@ NGRAM_LOOKUP = (1, 4)   # prompt_lookup_min, prompt_lookup_max
 # overridden by --engine-arg
 CPU_DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20}
 CPU_KV_SEQUENCES = 2   # full-length sequences the CPU KV cache holds at least
+# our engine's logprob rule (engines/logprobs.py): the distribution a token was sampled from, after the
+# grammar mask, temperature and top-p (raw log_softmax at temperature 0). vLLM's "processed_logprobs" is
+# that one: its model runner masks the logits by the grammar before the sampler, whose processed
+# logprobs follow temperature and top-k/top-p (a greedy row: log_softmax of its masked logits), in the
+# rejection sampler too (drafted positions).
+LOGPROBS_MODE = "processed_logprobs"
+# grammars through llguidance, the library our engine uses (engines/grammar.py): it reads every
+# GrammarSpec kind (the gateway's Lark tool-call grammar with its embedded `%json` included, which
+# xgrammar cannot), and compact JSON (no free whitespace), as ours
+STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "guidance", "disable_any_whitespace": True}
 
 
 def speculative_config(method: str | None, k: int | None = None, drafter: str | None = None,
@@ -140,14 +151,17 @@ def cpu_kv_cache_bytes(model: str | Path, max_len: int | None = None, dtype_byte
 
 
 def engine_kwargs(settings: Any, device: str = "cuda") -> dict[str, Any]:
-    """WorkerSettings -> `vllm.AsyncEngineArgs(**kwargs)`: our options, the CPU defaults on a CPU,
-    then the operator's `--engine-args-file` / `--engine-arg` on top. Speculation turns vLLM's
-    per-request speculative statistics on (our feedback records are made from them)."""
+    """WorkerSettings -> `vllm.AsyncEngineArgs(**kwargs)`: our options (logprobs and grammars as our
+    engine has them: `LOGPROBS_MODE`, `STRUCTURED_OUTPUTS`), the CPU defaults on a CPU, then the
+    operator's `--engine-args-file` / `--engine-arg` on top. Speculation turns vLLM's per-request
+    speculative statistics on (our feedback records are made from them)."""
     kw: dict[str, Any] = {
         "model": str(settings.model),
         "max_num_seqs": settings.max_running,
         "tensor_parallel_size": settings.vllm_tensor_parallel_size,
         "disable_log_stats": False,
+        "logprobs_mode": LOGPROBS_MODE,
+        "structured_outputs_config": dict(STRUCTURED_OUTPUTS),
     }
     if device == "cpu":
         kw.update(CPU_DEFAULTS, kv_cache_memory_bytes=cpu_kv_cache_bytes(settings.model, settings.context_length))
@@ -166,7 +180,8 @@ def engine_kwargs(settings: Any, device: str = "cuda") -> dict[str, Any]:
 
 
 def sampling_kwargs(req: GenRequest) -> dict[str, Any]:
-    """Our request -> `vllm.SamplingParams(**kwargs)` (delta outputs for streaming)."""
+    """Our request -> `vllm.SamplingParams(**kwargs)` (delta outputs for streaming): the emitted tokens'
+    logprobs with `params.logprobs` top tokens when asked, the grammar as vLLM's `structured_outputs`."""
     p = req.params
     kw: dict[str, Any] = {
         "temperature": float(p.temperature),
@@ -176,14 +191,18 @@ def sampling_kwargs(req: GenRequest) -> dict[str, Any]:
         "seed": p.seed,
         "skip_special_tokens": True,
     }
+    if p.logprobs is not None:
+        kw["logprobs"] = int(p.logprobs)
     if isinstance(req.constraint, GrammarSpec):
         kw["structured_outputs"] = structured_outputs(req.constraint)
     return kw
 
 
 def structured_outputs(spec: GrammarSpec) -> Any:
-    """vLLM's own structured-output parameters for a grammar spec (its guidance backend reads our Lark
-    dialect); a vLLM without them refuses the request (UserError, INVALID_ARGUMENT)."""
+    """vLLM's own structured-output parameters for a grammar spec, read by its guidance backend
+    (`STRUCTURED_OUTPUTS`) as our engine reads the spec: json_object -> `json_object` (the schema
+    {"type": "object"}), json_schema -> `json`, lark -> `grammar` (llguidance's Lark dialect). A vLLM
+    without them refuses the request (UserError, INVALID_ARGUMENT)."""
     try:
         from vllm.sampling_params import StructuredOutputsParams
     except ImportError:
@@ -193,6 +212,23 @@ def structured_outputs(spec: GrammarSpec) -> Any:
     if spec.kind == "json_schema":
         return StructuredOutputsParams(json=json.loads(spec.body))
     return StructuredOutputsParams(grammar=spec.body)
+
+
+def token_logprobs(positions: Iterable[Mapping[int, Any]], token_ids: Sequence[int], top_n: int) -> list[TokenLogprob]:
+    """vLLM's sample logprobs of emitted tokens -> ours. vLLM gives, per position, {token id: Logprob(logprob,
+    rank)} holding the sampled token and the `top_n` most likely ones (one entry when the sampled token is
+    among them); `top` is those of rank 1..top_n in rank order. -inf (outside top-p's nucleus) is `FLOOR`."""
+    out = []
+    for tok, pos in zip(token_ids, positions, strict=True):
+        top = sorted(((int(t), lp) for t, lp in pos.items() if 1 <= int(lp.rank or 0) <= top_n),
+                     key=lambda e: int(e[1].rank))
+        out.append(TokenLogprob(int(tok), _floored(pos[tok].logprob),
+                                tuple((t, _floored(lp.logprob)) for t, lp in top[:top_n])))
+    return out
+
+
+def _floored(x: float) -> float:
+    return max(float(x), FLOOR)
 
 
 def spec_summary(spec: Any) -> Mapping[str, Any] | None:

@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # set by a process whose helpers must not outlive it (the vLLM backend, before vLLM spawns its engine core)
 DIE_WITH_PARENT_ENV = "SPECROUTE_DIE_WITH_PARENT"
+# "module:function" a spawned child runs on start (the vLLM backend: corrections to vLLM's CPU kernels
+# in its engine core, engines/vllm_cpu_fixes.py)
+CHILD_HOOK_ENV = "SPECROUTE_CHILD_HOOK"
 
 
 def die_with_parent_if_asked() -> None:
@@ -47,6 +50,14 @@ def die_with_parent_if_asked() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != int(want):   # the parent died before the prctl
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_child_hook() -> None:
+    """In a multiprocessing child: call the function `SPECROUTE_CHILD_HOOK` names ("module:function")."""
+    target = os.environ.get(CHILD_HOOK_ENV, "")
+    if ":" in target:
+        module, _, fn = target.partition(":")
+        getattr(importlib.import_module(module), fn)()
 
 
 def _usage() -> str:
@@ -78,3 +89,4 @@ if __name__ == "__main__":
     sys.exit(main())
 elif __name__ == "__mp_main__":   # a multiprocessing child (spawn) of a `specroute` process
     die_with_parent_if_asked()
+    run_child_hook()

@@ -5,6 +5,10 @@ The worker's gRPC servicer (server.py) is the same as for our engine; this backe
 - token ids from the model's own Hugging Face tokenizer (`engines.vllm_adapter.chat_ids`: the chat
   template, read correctly on transformers 4.x and 5.x), submitted to vLLM as token ids;
 - streaming deltas (`RequestOutputKind.DELTA`), text detokenized by vLLM (stop strings applied there);
+- the request's grammar (`GrammarSpec`) as vLLM's own structured outputs through its llguidance backend,
+  checked by vLLM's request validation when the request is built (a grammar vLLM refuses is the
+  request's INVALID_ARGUMENT, never ignored), and the emitted tokens' logprobs as vLLM's sampler
+  computes them in "processed_logprobs" mode, our engine's rule (`engines.vllm_adapter.LOGPROBS_MODE`);
 - cancellation: cancelling the request's task aborts it in vLLM's scheduler at once;
 - `Load` from vLLM's real scheduler state (running / waiting / KV-cache usage) through a stat logger
   that keeps the scheduler's latest record, plus output tokens/s and accepted length of our own;
@@ -23,11 +27,14 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from engines.logprobs import TokenLogprob
 from engines.requests import Event, GenRequest, LoadSnapshot, RequestStats, Sink
+from engines.tokenizer import Tokenizer
 from engines.vllm_adapter import (
     FINISH_REASONS,
     chat_ids,
@@ -35,9 +42,12 @@ from engines.vllm_adapter import (
     sampling_kwargs,
     spec_summary,
     stats_from_vllm,
+    structured_outputs,
+    token_logprobs,
 )
+from engines.vllm_cpu_fixes import HOOK as CPU_FIXES
 from engines.worker.backend import AsyncTaskBackend, BackendInfo, TaskHandle
-from specroute.cli import DIE_WITH_PARENT_ENV
+from specroute.cli import CHILD_HOOK_ENV, DIE_WITH_PARENT_ENV
 from specroute.contracts.grammar import GrammarSpec
 from specroute.errors import UserError
 
@@ -95,6 +105,28 @@ def stat_logger_factory(state: SchedulerState, base: type) -> Any:
     return SchedulerStateLogger
 
 
+def engine_args(vllm: Any, kwargs: Mapping[str, Any]) -> Any:
+    """`vllm.AsyncEngineArgs(**kwargs)`, a `structured_outputs_config` mapping made vLLM's config object
+    (AsyncEngineArgs takes that one as an object only)."""
+    so = kwargs.get("structured_outputs_config")
+    if isinstance(so, Mapping):
+        from vllm.config import StructuredOutputsConfig
+
+        kwargs = {**kwargs, "structured_outputs_config": StructuredOutputsConfig(**so)}
+    return vllm.AsyncEngineArgs(**kwargs)
+
+
+def event_logprobs(c: Any, ids: Sequence[int], top_n: int | None) -> list[TokenLogprob] | None:
+    """The logprobs of a delta's tokens (`c`, vLLM's CompletionOutput) when asked for, without the one of
+    an end-of-sequence token (a final "stop" on no stop string: EOS or a stop token id), as ours."""
+    if top_n is None or c.logprobs is None:
+        return None
+    out = token_logprobs(c.logprobs, ids, top_n)
+    if out and c.finish_reason == "stop" and not isinstance(c.stop_reason, str):
+        out.pop()
+    return out
+
+
 def tokenizer_dir(model: str) -> str:
     return str(Path(model).resolve()) if Path(model).exists() else model
 
@@ -108,11 +140,13 @@ class VllmBackend(AsyncTaskBackend):
         # vLLM's engine core (a spawned child) must not outlive this worker, even one killed by SIGKILL:
         # it imports specroute.cli as `__mp_main__`, which then asks for SIGTERM on our death
         os.environ[DIE_WITH_PARENT_ENV] = str(os.getpid())
+        if self.device == "cpu":   # and runs our corrections to vLLM-cpu's kernels there
+            os.environ[CHILD_HOOK_ENV] = CPU_FIXES
         self.engine_kwargs = engine_kwargs(settings, self.device)
         self.scheduler = SchedulerState()
         t0 = time.perf_counter()
         try:
-            self.llm = async_llm.from_engine_args(vllm.AsyncEngineArgs(**self.engine_kwargs),
+            self.llm = async_llm.from_engine_args(engine_args(vllm, self.engine_kwargs),
                                                   stat_loggers=[stat_logger_factory(self.scheduler, stat_base)])
         except TypeError as exc:   # an engine argument vLLM does not know
             raise UserError(f"vLLM engine arguments: {exc}") from None
@@ -139,10 +173,31 @@ class VllmBackend(AsyncTaskBackend):
             return chat_ids(self.tokenizer, messages, tools)
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
+    supports_logprobs = True   # GenerateRequest.logprobs: vLLM's sampler ("processed_logprobs")
+
+    @cached_property
+    def _pieces(self) -> Tokenizer:
+        return Tokenizer(self.tokenizer.backend_tokenizer)
+
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        return self._pieces.token_piece(token_id)
+
     def constrain(self, spec: GrammarSpec, prefix: Sequence[int] = ()) -> GrammarSpec:
-        """vLLM enforces the grammar itself (`structured_outputs`); not on a continuation."""
+        """The spec, once vLLM's own request validation accepts it as `structured_outputs` (vLLM enforces
+        it while decoding); UserError (INVALID_ARGUMENT) with vLLM's reason when it does not, and on a
+        continuation (a grammar state cannot be advanced past another worker's tokens here)."""
         if prefix:
             raise UserError("a constrained continuation is not supported on a vLLM pool")
+        from vllm import SamplingParams
+
+        cfg = self.llm.vllm_config
+        try:
+            SamplingParams(structured_outputs=structured_outputs(spec)).verify(
+                self.llm.model_config, cfg.speculative_config, cfg.structured_outputs_config, self.llm.tokenizer)
+        except UserError:
+            raise
+        except Exception as exc:   # vLLM's VLLMValidationError, or a schema its backend cannot compile
+            raise UserError(f"{spec.kind} refused by vLLM ({cfg.structured_outputs_config.backend}): {exc}") from None
         return spec
 
     def submit(self, request: GenRequest, sink: Sink) -> TaskHandle:
@@ -164,6 +219,7 @@ class VllmBackend(AsyncTaskBackend):
             async for out in self.llm.generate({"prompt_token_ids": list(req.prompt_ids)}, params, h.request_id):
                 c = out.outputs[0]
                 ids = [int(t) for t in c.token_ids]
+                lps = event_logprobs(c, ids, req.params.logprobs)
                 n += len(ids)
                 now = time.perf_counter()
                 if ids:
@@ -174,13 +230,14 @@ class VllmBackend(AsyncTaskBackend):
                     stats = stats_from_vllm(summary, len(req.prompt_ids), n)
                     stats.ttft_s, stats.wall_s = t_first - h.submitted, now - h.submitted
                     self._observe(stats, sum((summary or {}).get("acceptance_histogram") or ()))
-                    h.sink(Event(ids, c.text, now, FINISH_REASONS.get(c.finish_reason or "stop", "stop"), stats))
+                    h.sink(Event(ids, c.text, now, FINISH_REASONS.get(c.finish_reason or "stop", "stop"), stats,
+                                 logprobs=lps))
                     return
                 if req.deadline is not None and time.monotonic() > req.deadline:
                     await self.llm.abort(h.request_id)
-                    h.sink(Event(ids, c.text, now, "deadline", RequestStats(completion_tokens=n)))
+                    h.sink(Event(ids, c.text, now, "deadline", RequestStats(completion_tokens=n), logprobs=lps))
                     return
-                h.sink(Event(ids, c.text, now))
+                h.sink(Event(ids, c.text, now, logprobs=lps))
         except asyncio.CancelledError:
             await self.llm.abort(h.request_id)
             h.sink(Event([], "", time.perf_counter(), "cancelled", RequestStats(completion_tokens=n)))

@@ -7,10 +7,13 @@ import json
 
 import pytest
 
+from engines.logprobs import FLOOR, TokenLogprob
 from engines.requests import GenRequest
 from engines.sampling import SamplingParams
 from engines.vllm_adapter import (
     CPU_DEFAULTS,
+    LOGPROBS_MODE,
+    STRUCTURED_OUTPUTS,
     chat_ids,
     counter_deltas,
     cpu_kv_cache_bytes,
@@ -20,6 +23,7 @@ from engines.vllm_adapter import (
     sampling_kwargs,
     speculative_config,
     stats_from_vllm,
+    token_logprobs,
 )
 from engines.worker.settings import WorkerSettings
 from specroute.errors import UserError
@@ -70,6 +74,11 @@ def test_engine_kwargs_from_settings():
     assert cpu["enforce_eager"] is CPU_DEFAULTS["enforce_eager"]
     plain = engine_kwargs(WorkerSettings(engine="vllm", model="m", vllm_method="none"), device="cpu")
     assert "speculative_config" not in plain and "per_request_spec_decode_metrics" not in plain
+    # logprobs and grammars as our engine has them, unless the operator says otherwise
+    assert (plain["logprobs_mode"], plain["structured_outputs_config"]) == ("processed_logprobs", STRUCTURED_OUTPUTS)
+    assert LOGPROBS_MODE == "processed_logprobs" and STRUCTURED_OUTPUTS["backend"] == "guidance"
+    raw = engine_kwargs(WorkerSettings(engine="vllm", model="m", engine_arg=["logprobs-mode=raw_logprobs"]), device="cpu")
+    assert raw["logprobs_mode"] == "raw_logprobs"
 
 
 def test_cpu_kv_cache_fits_the_models_context(tmp_path):
@@ -124,6 +133,27 @@ def test_sampling_kwargs():
     req = GenRequest([1, 2], SamplingParams(0.7, 0.9, 5), max_tokens=33, stop=("\n\n",))
     assert sampling_kwargs(req) == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 33, "stop": ["\n\n"],
                                     "seed": 5, "skip_special_tokens": True}
+
+
+def test_sampling_kwargs_with_logprobs():
+    req = GenRequest([1, 2], SamplingParams(0.0, logprobs=3), max_tokens=4)
+    assert sampling_kwargs(req)["logprobs"] == 3
+    assert "logprobs" not in sampling_kwargs(GenRequest([1], SamplingParams(0.0)))
+
+
+class Lp:
+    """vLLM's `Logprob` (logprob, rank), as a test double."""
+
+    def __init__(self, logprob: float, rank: int) -> None:
+        self.logprob, self.rank = logprob, rank
+
+
+def test_token_logprobs_from_vllm_positions():
+    # sampled token 7 outside the top 2 (its own entry, rank 5); then a sampled token inside them (one entry)
+    positions = [{7: Lp(-3.0, 5), 1: Lp(-0.5, 1), 2: Lp(-1.0, 2)}, {2: Lp(-0.1, 1), 4: Lp(float("-inf"), 2)}]
+    assert token_logprobs(positions, [7, 2], 2) == [
+        TokenLogprob(7, -3.0, ((1, -0.5), (2, -1.0))), TokenLogprob(2, -0.1, ((2, -0.1), (4, FLOOR)))]
+    assert token_logprobs([{3: Lp(-0.2, 1)}], [3], 0) == [TokenLogprob(3, -0.2, ())]
 
 
 def test_stats_mapping_from_per_request_summary():
