@@ -296,21 +296,36 @@ class Batcher:
             self._prefilling.append(a)
 
     def _prefill(self) -> None:
+        """Feed waiting prompts, up to `prefill_budget` tokens this step (no limit while nothing
+        decodes), at most `prefill_chunk` a row. The rows whose whole prompt fits go in one padded
+        forward together (`SpecDecoder.prefill_started`); a longer prompt takes its chunk alone."""
         budget = self.config.prefill_budget if self._running else max(self.config.prefill_budget, 1 << 30)
+        whole: list[_Active] = []
         for a in list(self._prefilling):
             if budget <= 0:
                 break
             remaining = len(a.req.prompt_ids) - a.prefilled
             n = min(remaining, self.config.prefill_chunk, budget)
+            budget -= n
+            if a.prefilled == 0 and n == remaining > 0:
+                whole.append(a)
+                continue
             y0 = self.decoder.prefill_step(a.slot, n)
             a.prefilled += n
-            budget -= n
             if y0 is not None:
-                self._prefilling.remove(a)
-                a.ready = True
-                a.t_first = time.perf_counter()
-                if self._emit(a, [y0]):
-                    self._running.append(a)
+                self._first_token(a, y0)
+        if whole:
+            for a, y0 in zip(whole, self.decoder.prefill_started([a.slot for a in whole]), strict=True):
+                a.prefilled = len(a.req.prompt_ids)
+                self._first_token(a, y0)
+
+    def _first_token(self, a: _Active, y0: int) -> None:
+        """A row's prompt is in: emit its first token and start decoding it (unless that ended it)."""
+        self._prefilling.remove(a)
+        a.ready = True
+        a.t_first = time.perf_counter()
+        if self._emit(a, [y0]):
+            self._running.append(a)
 
     def _decode(self) -> None:
         rows = self._running
