@@ -71,7 +71,7 @@ from tests.e2e.test_gateway_e2e import _http, _spawn, _wait
 from tests.redis_server import RedisServer, free_port
 
 N_SAMPLES = int(os.environ.get("SPECROUTE_EXACTNESS_SAMPLES", "2000"))   # per pool, prompt and temperature
-pytestmark = [pytest.mark.e2e, pytest.mark.exactness, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.exactness, pytest.mark.timeout(1800)]
 CHOICES = 16                 # `n` per request (the gateway's most): one worker call each, one batch
 CONCURRENCY = 40             # requests in flight (x CHOICES rows)
 MAX_RUNNING = 256            # rows a worker decodes at once
