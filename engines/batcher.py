@@ -5,8 +5,8 @@ Each loop iteration (a "step"):
 1. take messages from the inbox (new requests, cancellations, stop);
 2. finish cancelled and expired requests, freeing their slots at once;
 3. admit waiting requests into free slots (`SpecDecoder.start`);
-4. prefill: feed prompt chunks up to a per-step token budget, so a long prompt never stalls the
-   running requests for more than one chunk; a request whose prompt is in the cache emits y0;
+4. prefill: prompt chunks up to a per-step token budget, so a long prompt never stalls the running
+   requests for more than one chunk (prompts that fit whole share one forward); a request emits y0;
 5. decode: ONE batched `draft` for every running request, the verification depth per row (all k, or
    D-Cut's global top-K), ONE batched `verify`, then tokens go through each request's `StopState`
    and out to its sink. Finished requests release their slot immediately.
@@ -297,20 +297,26 @@ class Batcher:
 
     def _prefill(self) -> None:
         budget = self.config.prefill_budget if self._running else max(self.config.prefill_budget, 1 << 30)
+        whole: list[_Active] = []                  # rows whose whole prompt goes in this step
+        done: list[tuple[_Active, int]] = []       # rows whose prompt is in: (row, y0)
         for a in list(self._prefilling):
             if budget <= 0:
                 break
             remaining = len(a.req.prompt_ids) - a.prefilled
             n = min(remaining, self.config.prefill_chunk, budget)
-            y0 = self.decoder.prefill_step(a.slot, n)
-            a.prefilled += n
             budget -= n
-            if y0 is not None:
-                self._prefilling.remove(a)
-                a.ready = True
-                a.t_first = time.perf_counter()
-                if self._emit(a, [y0]):
-                    self._running.append(a)
+            if a.prefilled == 0 and n == remaining > 0:
+                whole.append(a)
+            elif (y0 := self.decoder.prefill_step(a.slot, n)) is not None:
+                done.append((a, y0))
+            else:
+                a.prefilled += n
+        done += zip(whole, self.decoder.prefill_started([a.slot for a in whole]), strict=True) if whole else []
+        for a, y0 in done:
+            a.prefilled, a.ready, a.t_first = len(a.req.prompt_ids), True, time.perf_counter()
+            self._prefilling.remove(a)
+            if self._emit(a, [y0]):
+                self._running.append(a)
 
     def _decode(self) -> None:
         rows = self._running

@@ -177,13 +177,21 @@ class SpecDecoder:
             pass
         return y0
 
-    @torch.no_grad()
     def prefill_batch(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
                       params: Sequence[SamplingParams], modes: Sequence[str | None] | None = None) -> list[int]:
-        """Start and prefill several short prompts in ONE right-padded forward (pads continue past
-        each row's end, where nothing is read before it is rewritten). Returns each row's y0."""
+        """Start and prefill several short prompts in ONE right-padded forward (`prefill_started`).
+        Returns each row's y0."""
         for s, p, sp, m in zip(slots, prompts, params, modes or [None] * len(slots), strict=True):
             self.start(s, p, sp, m)
+        return self.prefill_started(slots)
+
+    @torch.no_grad()
+    def prefill_started(self, slots: Sequence[int]) -> list[int]:
+        """Prefill started slots none of whose prompt is in the cache yet, their whole prompts in ONE
+        right-padded forward [B, longest prompt] (pads continue past each row's end, where nothing is
+        read before it is rewritten). Returns each row's y0."""
+        prompts = [self.slots[s].prompt for s in slots]
+        assert all(self.slots[s].prefilled == 0 and p for s, p in zip(slots, prompts, strict=True))
         T = max(len(p) for p in prompts)
         tokens = torch.zeros(len(slots), T, dtype=torch.long)
         for b, p in enumerate(prompts):
