@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drafters: training temperatures of the soft objective, comma-separated (e.g. 0.7,1)")
     ap.add_argument("--sampled-fraction", type=float, default=None,
                     help="drafters: share of train prompts also answered by sampling at T=0.8 (0 = greedy only)")
+    ap.add_argument("--reference-per-domain", type=int, default=None,
+                    help="drafters: train prompts per domain whose source's reference answer is also taught, "
+                         "teacher-forced (default: the preset's, 0)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="drafters: start from the trained drafter of this bundle (fine-tune) instead of scratch")
     ap.add_argument("--threads", type=int, default=None,
@@ -78,6 +81,7 @@ def main(argv: list[str]) -> int:
     report = train_drafter(args.what, args.out, args.preset, work_dir=work, resume=not args.no_resume,
                            budget_s=args.budget, max_steps=args.steps, loss=args.loss, distill_temps=temps,
                            sampled_fraction=args.sampled_fraction, init_from=args.init_from,
+                           reference_per_domain=args.reference_per_domain,
                            threads=args.threads, export=args.export)
     print(json.dumps(report.get("summary", {})))
     return 0

@@ -61,10 +61,9 @@ DEMO = DrafterPreset(steps=2000, batch_size=8, lr=2e-3, min_lr=2e-4, warmup=40, 
 # fp32 (exactly what it serves; bf16 autocast is no faster at this size here), fewer prompts and smaller
 # cached parts (its answers are longer; parts are prefix-stable, so a later run with more prompts per domain
 # generates only the new ones), a step cap instead of a wall-time budget (on a shared machine a
-# budget makes the run depend on the load), 600 sources' reference answers per domain read teacher-forced
-# (three times the response tokens of its own answers, for one forward each), and a larger draft vocabulary (6x the demo's vocabulary), which
+# budget makes the run depend on the load), and a larger draft vocabulary (6x the demo's vocabulary), which
 # training already ranges over: the LM head over 49,152 rows would cost most of each step
-SMOLLM2 = replace(DEMO, per_domain=96, sampled_fraction=0.5, reference_per_domain=600, heldout_per_domain=12, max_prompt=384,
+SMOLLM2 = replace(DEMO, per_domain=96, sampled_fraction=0.5, heldout_per_domain=12, max_prompt=384,
                   max_new=160, gen_batch=48, gen_chunk=96, gen_bf16=False, keep_data=True, time_budget_s=None, steps=3000,
                   eval_every=1000, ckpt_every=50, draft_vocab=8192, train_in_draft_vocab=True)
 PRESETS = {
