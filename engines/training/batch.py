@@ -95,8 +95,9 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     shared by recipes that differ only in the mix). The held-out set stays greedy (T=0 reporting).
     With `store` (the recipe's `keep_data`: the bundle's `selfdistill/`), the train set's token
     sequences are kept there too, so a fresh machine recomputes only their features. With
-    `reference_per_domain`, that many train prompts per domain also bring their source's reference
-    answer, read by the target teacher-forced (`distill.reference_set`): more text for one forward each."""
+    `reference_per_domain`, that many reference answers per domain (train prompts' and the corpus
+    conversations', `distill.pick_references`) are read by the target teacher-forced
+    (`distill.reference_set`): more text for one forward each."""
     fp = target_fingerprint(target)
     key = set_key(fp, p.max_prompt, p.max_new, p.seed, layers)   # what every cached part shares
     prompts = pick_prompts("train", p.per_domain, p.seed)

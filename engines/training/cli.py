@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sampled-fraction", type=float, default=None,
                     help="drafters: share of train prompts also answered by sampling at T=0.8 (0 = greedy only)")
     ap.add_argument("--reference-per-domain", type=int, default=None,
-                    help="drafters: train prompts per domain whose source's reference answer is also taught, "
+                    help="drafters: reference answers per domain (train prompts', corpus conversations') also taught, "
                          "teacher-forced (default: the preset's, 0)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="drafters: start from the trained drafter of this bundle (fine-tune) instead of scratch")

@@ -205,10 +205,10 @@ def build_set(target: Transformer, tok: Tokenizer, prompts: list[Prompt], max_pr
 
 
 def reference_set(tok: Tokenizer, prompts: list[Prompt], max_prompt: int, max_new: int) -> DistillSet:
-    """Prompts followed by their source's reference answer as the
-    assistant turn (cut at `max_new` tokens, else ended by EOS): text the target reads teacher-forced, so its features and its distribution at every
-    position come from one forward each (`forward_features`) instead of a generation. Prompts without a
-    reference, or longer than `max_prompt`, are left out; ids carry `@ref`."""
+    """Prompts followed by their source's reference answer as the assistant turn (cut at `max_new`
+    tokens, else ended by EOS): text the target reads teacher-forced, so its features and its
+    distribution at every position come from one forward each (`forward_features`) instead of a
+    generation. Prompts without a reference, or longer than `max_prompt`, are left out; ids carry `@ref`."""
     kept = [(p, reply_for(p)) for p in prompts]
     kept = [(p, r) for p, r in kept if r.strip()]
     enc = tok.encode_batch([tok.format_chat([{"role": "user", "content": p.prompt}]) for p, _ in kept])

@@ -22,8 +22,8 @@ class DrafterPreset(Schedule):
     per_domain: int = 700           # train prompts per domain
     sampled_fraction: float = 1.0
     sampled_temperature: float = 0.8
-    reference_per_domain: int = 0   # train prompts per domain whose source's reference answer is also
-                                    # taught, teacher-forced (the target's distribution at each position)
+    reference_per_domain: int = 0   # reference answers per domain (train prompts', corpus conversations')
+                                    # also taught, teacher-forced (the target's distribution at each position)
     heldout_per_domain: int = 40    # held-out prompts per domain (reporting only)
     max_prompt: int = 320
     max_new: int = 192
