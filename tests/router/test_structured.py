@@ -119,6 +119,7 @@ def test_worker_request_carries_tools_tool_turns_and_grammar():
 
     class D:   # the routing decision's fields the builder reads
         domain = "code"
+        features: tuple[float, ...] = ()
 
         class context:
             key, temperature = "k", "0"
