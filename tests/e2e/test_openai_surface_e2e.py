@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.e2e.test_gateway_e2e import CHAT
+from tests.openai_checks import check_responses_round_trip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -84,22 +85,6 @@ def test_logprobs_are_the_targets_on_every_pool_and_n_choices(stack: Stack) -> N
 
 def test_responses_create_follow_up_and_stream(stack: Stack) -> None:
     c = stack.client
-    first = c.responses.create(model="specroute", input="My name is Ada. Say hello.", max_output_tokens=16,
-                               temperature=0)
-    assert first.id.startswith("resp_") and first.output_text and first.usage is not None
-    follow = c.responses.create(model="specroute", input="What is my name?", previous_response_id=first.id,
-                                max_output_tokens=8, temperature=0)
-    assert follow.previous_response_id == first.id and follow.output_text
-    # the follow-up saw the history: its prompt holds both turns and the first answer
-    assert follow.usage is not None and follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    kinds, deltas = [], []
-    with c.responses.stream(model="specroute", input="Tell me a story.", max_output_tokens=12, temperature=0) as s:
-        for ev in s:
-            kinds.append(ev.type)
-            if ev.type == "response.output_text.delta":
-                deltas.append(ev.delta)
-    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
-    again = c.responses.create(model="specroute", input="Tell me a story.", max_output_tokens=12, temperature=0)
-    assert "".join(deltas) == again.output_text
+    check_responses_round_trip(c, "specroute")
     with pytest.raises(openai.BadRequestError, match="reasoning"):
         c.responses.create(model="specroute", input="x", reasoning={"effort": "low"})

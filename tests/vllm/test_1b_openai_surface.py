@@ -38,6 +38,7 @@ from engines.model import KVCache, load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
 from specroute.contracts.grammar import GrammarSpec
+from tests.openai_checks import check_responses_round_trip
 from tests.router.conftest import settings_for
 from tests.router.gateway_thread import GatewayThread
 from tests.vllm.conftest import DEMO, VllmWorker
@@ -211,19 +212,4 @@ def test_n_choices_and_the_responses_api(client: openai.OpenAI) -> None:
     full = sum(ch.finish_reason == "length" for ch in r.choices)
     assert r.usage is not None and 8 * full + (3 - full) <= r.usage.completion_tokens <= 24
 
-    first = client.responses.create(model="demo", input="My name is Ada. Say hello.", max_output_tokens=16,
-                                    temperature=0)
-    assert first.id.startswith("resp_") and first.output_text and first.usage is not None
-    follow = client.responses.create(model="demo", input="What is my name?", previous_response_id=first.id,
-                                     max_output_tokens=8, temperature=0)
-    assert follow.previous_response_id == first.id and follow.output_text
-    assert follow.usage is not None and follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    kinds, deltas = [], []
-    with client.responses.stream(model="demo", input="Tell me a story.", max_output_tokens=12, temperature=0) as s:
-        for ev in s:
-            kinds.append(ev.type)
-            if ev.type == "response.output_text.delta":
-                deltas.append(ev.delta)
-    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
-    again = client.responses.create(model="demo", input="Tell me a story.", max_output_tokens=12, temperature=0)
-    assert "".join(deltas) == again.output_text
+    check_responses_round_trip(client, "demo")

@@ -1,0 +1,26 @@
+"""Checks through the official `openai` client that several suites run against their own gateway."""
+
+from __future__ import annotations
+
+import openai
+
+
+def check_responses_round_trip(client: openai.OpenAI, model: str) -> None:
+    """`responses.create`, a follow-up by `previous_response_id` that sees the history (its prompt holds
+    both turns and the first answer), and `.stream`, whose deltas make the same text as a create."""
+    first = client.responses.create(model=model, input="My name is Ada. Say hello.", max_output_tokens=16,
+                                    temperature=0)
+    assert first.id.startswith("resp_") and first.output_text and first.usage is not None
+    follow = client.responses.create(model=model, input="What is my name?", previous_response_id=first.id,
+                                     max_output_tokens=8, temperature=0)
+    assert follow.previous_response_id == first.id and follow.output_text
+    assert follow.usage is not None and follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    kinds, deltas = [], []
+    with client.responses.stream(model=model, input="Tell me a story.", max_output_tokens=12, temperature=0) as s:
+        for ev in s:
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                deltas.append(ev.delta)
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    again = client.responses.create(model=model, input="Tell me a story.", max_output_tokens=12, temperature=0)
+    assert "".join(deltas) == again.output_text
