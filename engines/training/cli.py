@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference-per-domain", type=int, default=None,
                     help="drafters: reference answers per domain (train prompts', corpus conversations') also taught, "
                          "teacher-forced (default: the preset's, 0)")
+    ap.add_argument("--per-domain", type=int, default=None,
+                    help="drafters: train prompts per domain answered by the target (default: the preset's; cached "
+                         "answers are kept, so raising it generates only the new ones)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="drafters: peak learning rate (default: the preset's; lower it to continue a trained drafter)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="drafters: start from the trained drafter of this bundle (fine-tune) instead of scratch")
     ap.add_argument("--threads", type=int, default=None,
@@ -82,6 +87,7 @@ def main(argv: list[str]) -> int:
                            budget_s=args.budget, max_steps=args.steps, loss=args.loss, distill_temps=temps,
                            sampled_fraction=args.sampled_fraction, init_from=args.init_from,
                            reference_per_domain=args.reference_per_domain,
+                           per_domain=args.per_domain, lr=args.lr,
                            threads=args.threads, export=args.export)
     print(json.dumps(report.get("summary", {})))
     return 0
