@@ -9,6 +9,7 @@ per-round ratio of our AR to vLLM's AR (the issue's acceptance: ours at least ma
 
 Arms (`--arms`, comma list):
 - `ar`, `mtp`, `dfly`, ... our engines (`engines.drafters.registry.engine_kinds`), in-process batchers;
+  `KIND+dcut` with D-Cut over this machine's cost profile (measured at load unless cached next to the model);
 - `vllm:METHOD[=DRAFTER]` vLLM (`bench.engine_vllm.VllmRunner`, the worker's backend): `vllm:none`
   plain decoding, `vllm:ngram`, `vllm:draft_model` (DRAFTER: a draft model with the target's tokenizer;
   default the target itself: every draft accepted, so the row shows what the method costs), `vllm:eagle`
@@ -45,6 +46,7 @@ from bench.engine import (
     count_lossless_failures,
     counters,
     mixed_prompts,
+    parse_engine,
     parse_list,
     run_closed_loop,
     summarize,
@@ -79,14 +81,17 @@ class SideReport(BaseModel):
 
 
 def parse_arm(spec: str) -> tuple[str, str | None, str | None]:
-    """`ar` -> ("ar", None, None); `vllm:draft_model=/m` -> ("vllm", "draft_model", "/m")."""
+    """`ar` -> ("ar", None, None); `dfly+dcut` -> ("dfly+dcut", None, None); `vllm:draft_model=/m` ->
+    ("vllm", "draft_model", "/m")."""
     from engines.drafters.registry import engine_kinds
     from engines.vllm_adapter import VLLM_METHODS
 
     kind, _, rest = spec.partition(":")
     if kind != "vllm":
-        if rest or kind not in engine_kinds():
-            raise UserError(f"unknown arm {spec!r} (ours: {', '.join(engine_kinds())}; vLLM: vllm:METHOD[=DRAFTER])")
+        if rest or kind.partition("+")[0] not in engine_kinds():
+            raise UserError(f"unknown arm {spec!r} (ours: {', '.join(engine_kinds())}, optionally +dcut; "
+                            "vLLM: vllm:METHOD[=DRAFTER])")
+        parse_engine(kind)
         return kind, None, None
     method, _, drafter = rest.partition("=")
     if method not in VLLM_METHODS or method == "dflash":
@@ -140,9 +145,10 @@ def load_arm(spec: str, model_dir: Path, cmax: int, threads: int, max_len: int, 
     from engines.factory import load_engine, make_batcher
     from engines.requests import BatcherConfig
 
+    kind, dcut = parse_engine(kind)
     engine = load_engine(kind, model_dir)
     cfg = BatcherConfig(max_running=cmax, max_waiting=4 * cmax + 8, max_len=min(max_len, engine.max_context))
-    batcher = make_batcher(engine, cfg, threads=threads).start()
+    batcher = make_batcher(engine, cfg, dcut=dcut, threads=threads).start()
     return Arm(spec, batcher, False, time.perf_counter() - t0, engine.target)
 
 

@@ -16,7 +16,8 @@ def test_arm_parsing():
     assert parse_arm("ar") == ("ar", None, None)
     assert parse_arm("vllm:none") == ("vllm", "none", None)
     assert parse_arm("vllm:draft_model=/m/small") == ("vllm", "draft_model", "/m/small")
-    for bad in ("vllm:dfly", "vllm:dflash", "ar:x", "eagle"):
+    assert parse_arm("dfly+dcut") == ("dfly+dcut", None, None)
+    for bad in ("vllm:dfly", "vllm:dflash", "ar:x", "eagle", "ar+dcut", "dfly+x"):
         with pytest.raises(UserError):
             parse_arm(bad)
 
@@ -31,10 +32,10 @@ def test_paired_ratio_and_rotation():
 def test_side_by_side_of_our_arms(tmp_path):
     model = tiny_bundle(tmp_path / "m", drafters=("mtp",))
     out = tmp_path / "side.json"
-    assert main(["--model", str(model), "--arms", "ar,mtp", "--concurrency", "1,2", "--requests", "3", "--rounds", "2",
+    assert main(["--model", str(model), "--arms", "ar,mtp,mtp+dcut", "--concurrency", "1,2", "--requests", "3", "--rounds", "2",
                  "--max-tokens", "6", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert {(r["arm"], r["concurrency"]) for r in doc["rows"]} == {(a, c) for a in ("ar", "mtp") for c in (1, 2)}
+    assert {(r["arm"], r["concurrency"]) for r in doc["rows"]} == {(a, c) for a in ("ar", "mtp", "mtp+dcut") for c in (1, 2)}
     for r in doc["rows"]:
         assert len(r["rounds_tokens_per_s"]) == 2 and r["requests"] == 6 and r["lossless_failures"] == 0
         assert r["tokens_per_s_min"] <= r["tokens_per_s_median"] <= r["tokens_per_s_max"]
