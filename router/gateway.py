@@ -202,7 +202,7 @@ class Gateway:
         except (RedisError, OSError) as exc:
             self.sync.redis_error(exc)
             raise StoreUnavailable(exc) from exc
-        self.sync.apply_policy(written, force=True)
+        self.sync.wrote_policy(written)
         return written
 
     async def policy_versions(self, limit: int) -> list[dict[str, Any]]:

@@ -90,7 +90,7 @@ async def put_shadow(request: Request) -> Response:
     except (RedisError, OSError) as exc:
         g.sync.redis_error(exc)
         raise StoreUnavailable(exc) from exc
-    g.sync.apply_shadow(doc)
+    g.sync.wrote_shadow(doc)
     return _view(g)
 
 
@@ -110,7 +110,7 @@ async def promote_shadow(request: Request) -> Response:
                                  audit=audit)
     try:  # a candidate submitted meanwhile stays
         await clear_shadow(store, doc, actor, written, body.note, action="")
-        g.sync.apply_shadow(await load_shadow(store))
+        g.sync.wrote_shadow(await load_shadow(store))
     except (RedisError, OSError) as exc:
         g.sync.redis_error(exc)
         raise StoreUnavailable(exc) from exc
@@ -126,7 +126,7 @@ async def discard_shadow(request: Request) -> Response:
     doc = await _current(g, store, body.id)
     try:
         cleared = await clear_shadow(store, doc, actor, await g.current_policy(), body.note)
-        g.sync.apply_shadow(await load_shadow(store))
+        g.sync.wrote_shadow(await load_shadow(store))
     except (RedisError, OSError) as exc:
         g.sync.redis_error(exc)
         raise StoreUnavailable(exc) from exc

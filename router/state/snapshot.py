@@ -67,6 +67,7 @@ class SnapshotSync:
         self.closing = False  # set on shutdown: both loops exit at their next check
         self.history: deque[tuple[float, Mapping[tuple[str, str], CellStats]]] = deque()  # (Redis time, cells)
         self.baselines: Baselines = {}
+        self.writes = 0   # this gateway's own policy and shadow writes applied so far (`wrote_*`)
 
     async def start(self) -> list[asyncio.Task[None]]:
         """Seed or read the stored policy, pull once, then start the refresh and listen tasks."""
@@ -94,6 +95,16 @@ class SnapshotSync:
             log.warning("redis unavailable, serving on the last snapshot: %s", exc)
         self.redis_ok = False
 
+    def wrote_policy(self, policy: Policy) -> None:
+        """Apply the policy this gateway has just written to Redis (see `refresh`)."""
+        self.writes += 1
+        self.apply_policy(policy, force=True)
+
+    def wrote_shadow(self, shadow: ShadowDoc | None) -> None:
+        """Apply the shadow policy this gateway has just written or cleared in Redis (see `refresh`)."""
+        self.writes += 1
+        self.apply_shadow(shadow)
+
     def apply_policy(self, policy: Policy | None, *, force: bool = False) -> None:
         """Swap in `policy` if it differs (and, unless `force`, is newer than the current one)."""
         cur = self.snapshot.policy
@@ -109,12 +120,16 @@ class SnapshotSync:
             self.snapshot = dataclasses.replace(self.snapshot, shadow=shadow)
 
     async def refresh(self) -> None:
-        """Pull policy and statistics once (about every second from the refresh loop)."""
+        """Pull policy and statistics once (about every second from the refresh loop). Redis is the
+        source of truth (its policy replaces this gateway's whatever the version), except across this
+        gateway's own write: what a pull read before the write is older than what the write applied."""
         assert self.store is not None
+        writes = self.writes
         policy = await self.store.pull()
         if policy is None:  # Redis lost its data (restart without persistence): re-seed it
             policy = await self.store.init(self.snapshot.policy)
-        self.apply_policy(policy, force=True)
+        if self.writes == writes:
+            self.apply_policy(policy, force=True)
         pools = list(dict.fromkeys([*self.snapshot.policy.pools, *self.pools.names]))
         now, pulled = await pull_cells(self.store.client, pools)
         hl = self.snapshot.policy.half_life_s
@@ -128,6 +143,8 @@ class SnapshotSync:
         self.baselines = view.baselines
         self._remember(now, cells, learning.drift_window_s)
         shadow = await load_shadow(self.store)
+        if self.writes != writes:
+            shadow = self.snapshot.shadow
         self.snapshot = Snapshot(self.snapshot.policy, aged, time.time(), view.cells, view.shifted, shadow)
         for (d, p), s in aged.items():
             mal = s.mean_accepted_length

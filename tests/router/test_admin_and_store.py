@@ -97,6 +97,35 @@ async def test_pin_overrides_at_once_and_drain(redis_url: str) -> None:
         assert (r.headers["x-specroute-pool"], r.headers["x-specroute-reason"]) == ("mtp", "fallback")
 
 
+async def test_a_pull_read_before_a_write_does_not_undo_it(redis_url: str) -> None:
+    """A refresh whose pull read Redis before this gateway wrote a policy (or a shadow) resumes after the
+    write: it must keep the written one, not put back what it read."""
+    async with engines(FakeConfig(), FakeConfig()) as es, running_app(
+        settings_for({"mtp": [es[0].address], "dfly": [es[1].address]}, redis_url)
+    ) as c:
+        sync = c.app.state.gateway.sync  # type: ignore[attr-defined]
+        pull, read, release = sync.store.pull, asyncio.Event(), asyncio.Event()
+
+        async def held_pull():   # the real pull, answered only once the write below is done
+            policy = await pull()
+            read.set()
+            await release.wait()
+            return policy
+
+        sync.store.pull = held_pull
+        refresh = asyncio.create_task(sync.refresh())
+        await read.wait()
+        doc, etag = await _policy(c)
+        assert (await _put(c, {**doc, "pins": {"code": "mtp"}}, etag)).status_code == 200
+        written = sync.snapshot.policy.version
+        release.set()
+        await refresh
+        sync.store.pull = pull
+        assert sync.snapshot.policy.version == written and sync.snapshot.policy.pins == {"code": "mtp"}
+        r = await c.post("/v1/chat/completions", json=CODE_REQ)
+        assert (r.headers["x-specroute-pool"], r.headers["x-specroute-reason"]) == ("mtp", "pin")
+
+
 async def test_live_policy_reaches_second_gateway_within_a_second(redis_url: str) -> None:
     async with engines(FakeConfig(), FakeConfig()) as es:
         pools = {"mtp": [es[0].address], "dfly": [es[1].address]}
