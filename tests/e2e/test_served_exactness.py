@@ -95,19 +95,19 @@ def messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def write_dcut_profile(bundle: Path) -> None:
-    """A D-Cut cost table for this machine's key in the bundle (so the worker does not profile), in
-    proportion to the rows verified: a row's first draft costs nothing beyond a plain step, its second
-    40% of one (a target that turns compute bound past two tokens a row), drafting next to free.
-    Drafting then pays at any kept fraction (these drafters accept most drafts), and verifying a
-    second draft pays only where it is likely to be accepted: D-Cut cuts the second drafts (and
-    some whole rows) it scores lowest, from what is known before each draft, in most steps under
-    the load."""
+def write_dcut_profile(path: Path, draft_len: int = DCUT_K) -> None:
+    """A D-Cut cost table for this machine's key (one thread, `draft_len` drafts, DFly) in the profile
+    file `path` (so the worker does not profile), in proportion to the rows verified: a row's first
+    draft costs nothing beyond a plain step, its second 40% of one (a target that turns compute bound
+    past two tokens a row), drafting next to free. Drafting then pays at any kept fraction (these
+    drafters accept most drafts), and verifying a second draft pays only where it is likely to be
+    accepted: D-Cut cuts the second drafts (and some whole rows) it scores lowest, from what is known
+    before each draft, in most steps under the load."""
     ms = [tuple(0.05 + 0.1 * b * f for f in (1.0, 1.0, 1.0, 1.2, 1.4)) for b in PROFILE_BATCH_SIZES]
-    table = CostTable(PROFILE_BATCH_SIZES, PROFILE_RATIOS, tuple(ms), DCUT_K,
+    table = CostTable(PROFILE_BATCH_SIZES, PROFILE_RATIOS, tuple(ms), draft_len,
                       tuple(0.01 + 0.001 * b for b in PROFILE_BATCH_SIZES))
-    doc = {machine_key(1, DCUT_K, "dfly"): table.to_dict()}
-    (bundle / PROFILE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    doc = {machine_key(1, draft_len, "dfly"): table.to_dict()}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 class Served:
@@ -116,7 +116,7 @@ class Served:
     def __init__(self, tmp: Path) -> None:
         t0, cpu0 = time.perf_counter(), cpu_seconds()
         self.bundle = make_ascii_bundle(tmp / "bundle")
-        write_dcut_profile(self.bundle)
+        write_dcut_profile(self.bundle / PROFILE_FILE)
         self.tok = Tokenizer.load(self.bundle)
         self.redis = RedisServer().start()
         self.metrics_port = free_port()
