@@ -336,14 +336,19 @@ def block_classifier(ctx: Ctx) -> list[str]:
 
 def block_sim(ctx: Ctx) -> list[str]:
     cal, hy3 = ctx.load("sim-calibration.json"), ctx.load("sim-hy3.json")
-    c = cal["summary"]
+    c, meta = cal["summary"], cal["meta"]
+    solo = float(meta.get("solo", 1.0))
+    factors = ("one wall-time factor fitted on the all-AR arm" if solo == 1.0 else
+               f"two wall-time factors, both fitted on the all-AR arm: {meta['scale']} while both workers step, "
+               f"times {solo} for a step taken while the other worker idles")
+    misses = "; ".join(m.split(" (")[0] for m in c["misses"])
     return [
         "Simulated figures (`specroute sim`: the gateway's own policy code in front of simulated workers).",
         "",
         f"- Against this machine's `bench routing` run (`sim-calibration.json`; a step-cost profile of this CPU in "
-        f"thread CPU time, one wall-time factor fitted on the all-AR arm): {c['within_10pct']} of {c['cells']} "
-        f"arm x scenario figures within 10% of the measured ones; the misses: "
-        + "; ".join(m.split(" (")[0] for m in c["misses"]) + ".",
+        f"thread CPU time, {factors}): {c['within_10pct']} of {c['cells']} arm x scenario figures within 10% of the "
+        f"measured ones" + (f"; the misses: {misses}." if misses else
+                            f" (the largest error {c['max_abs_relative_error']:.1%})."),
         f"- Against AngelSpec's Hy3 table (`sim-hy3.json`; a GPU profile fitted to its AR column, one serving / "
         f"offline accepted-length factor per method fitted at c4): the winning method in {hy3['winners_matched']} "
         f"of 30 cells ({hy3['mtp_cells_matched']} of the {hy3['mtp_cells']} MTP cells; always answering DFly scores "

@@ -1,7 +1,7 @@
 """`specroute sim`: the fleet simulator (bench/sim/core.py) as a what-if tool, and its checks.
 
     specroute sim --traffic T.jsonl.gz --profile P.json [--arms all-mtp,learned] [--fleet F.json]
-                  [--policy POLICY.json] [--scale X] [--seed N] [--out R.json]    # what-if
+                  [--policy POLICY.json] [--scale X] [--solo Y] [--seed N] [--out R.json]   # what-if
     specroute sim traffic --requests bench/results/routing-requests.jsonl.gz \\
                   --out bench/results/sim-traffic-routing.jsonl.gz                 # logged requests -> traffic
     specroute sim profile --out bench/results/sim-profile-cpu.json                 # this machine's step costs
@@ -62,6 +62,8 @@ def what_if(argv: list[str]) -> int:
     ap.add_argument("--fleet", type=Path, help="fleet JSON (workers and pools) instead of the arms")
     ap.add_argument("--policy", type=Path, help="policy document JSON (default: the built-in default policy)")
     ap.add_argument("--scale", type=float, default=1.0, help="wall time per profiled ms (calibration's scale)")
+    ap.add_argument("--solo", type=float, default=1.0,
+                    help="factor on --scale for a step taken while the fleet's other workers idle (calibration's solo)")
     ap.add_argument("--affinity-slack", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
@@ -85,13 +87,14 @@ def what_if(argv: list[str]) -> int:
                 raise UserError(str(exc)) from None
     policy = Policy.model_validate(_read_json(a.policy)) if a.policy is not None else None
     out: dict[str, Any] = {"meta": {"command": _command(argv),
-                                    "simulated": True, "scale": a.scale, "seed": a.seed}, "groups": {}}
+                                    "simulated": True, "scale": a.scale, "solo": a.solo, "seed": a.seed},
+                           "groups": {}}
     for g, reqs in groups.items():
         row: dict[str, Any] = {}
         for name, (fleet, pol) in fleets.items():
             gw = Gateway(policy or pol, affinity_slack=a.affinity_slack,
                          compute_bound_tokens=profile.compute_bound_tokens())
-            res = simulate(reqs, fleet, profile, gw, seed=a.seed, scale=a.scale)
+            res = simulate(reqs, fleet, profile, gw, seed=a.seed, scale=a.scale, solo=a.solo)
             row[name] = {"output_tokens_per_s": round(res.output_tokens_per_s(), 2), "pool_shares": res.pool_shares(),
                          "requests": len(res.measured)}
         out["groups"][g or "all"] = row

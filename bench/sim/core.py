@@ -14,7 +14,12 @@ from one seeded RNG, so the same inputs give the same result.
   prefill within a per-step budget, then one decode step over every running row. A step costs what
   the profile says (`StepProfile`: drafts per drafter over its rows + one verify forward of every row
   padded to the widest, + prefill; on a D-Cut worker the widest row's measured excess over the mean and
-  D-Cut's own work), times `scale`. A multi-mode worker may narrow every row to one drafter (`narrow`).
+  D-Cut's own work), times `scale`, times the contention factor for how many of the fleet's workers
+  are busy when the step starts (`contention`: 1 when all are, `solo` when this one steps alone; the
+  workers share the machine's cores with each other and with the gateway and the clients, so a worker
+  stepping alone runs faster). A worker is busy while it steps or holds a request the gateway sent it
+  and it has not finished (one on its way counts). A multi-mode worker may narrow every row to one
+  drafter (`narrow`).
   A D-Cut worker drafts for the whole batch or for none of it (engines/dcut/controller.py
   `rows_to_draft`: all rows draft where that pays for the batch, else a plain step): it drafts in the
   share of its steps that its running rows' replays drafted in.
@@ -24,8 +29,9 @@ from one seeded RNG, so the same inputs give the same result.
 
 Not modelled: the gateway's drift detection on the snapshot (router/drift.py), D-Cut's live draft
 length in the pool state (`draft_now`), D-Cut's one-row probes within a plain stretch, retries and
-faults other than what the traces carry, and the CPU the gateway and clients take from the workers
-(in `scale`).
+faults other than what the traces carry, the CPU the gateway and clients take from the workers
+(in `scale`), and a change in contention within a step (a step is priced on the workers busy when it
+starts).
 """
 
 from __future__ import annotations
@@ -241,9 +247,20 @@ def step_cost(profile: StepProfile, rows: Sequence[_Row], dcut: bool = False, dr
     return extra + sum(profile.draft_ms(m, n) for m, n in sorted(by_mode.items())) + profile.verify_ms(len(rows), width)
 
 
+def contention(busy: int, workers: int, solo: float) -> float:
+    """A step's wall-time factor (on top of `scale`) when `busy` of a fleet's `workers` are busy, the
+    stepping worker included: 1 when all are, `solo` when it is alone, linear in the idle others
+    between; a one-worker fleet (always all busy) or `solo` 1 gives 1."""
+    if workers <= 1 or solo == 1.0:
+        return 1.0
+    idle = workers - min(max(busy, 1), workers)
+    return 1.0 + (solo - 1.0) * idle / (workers - 1)
+
+
 def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gateway: Gateway,
-             seed: int = 0, scale: float = 1.0) -> SimResult:
-    """Run `traffic` through the gateway's policy and `fleet`; step costs are `profile`'s times `scale`."""
+             seed: int = 0, scale: float = 1.0, solo: float = 1.0) -> SimResult:
+    """Run `traffic` through the gateway's policy and `fleet`; a step costs `profile`'s ms times `scale`
+    times `contention` of the workers busy as it starts (`solo`: the factor for a worker alone)."""
     rng = random.Random(seed)
     policy = gateway.policy
     half_life = policy.half_life_s
@@ -349,7 +366,9 @@ def simulate(traffic: Sequence[Request], fleet: Fleet, profile: StepProfile, gat
         ws.running.extend(ready)
         decoding = [r for r in ws.running if r.done_steps < r.rep.steps]
         cost += step_cost(profile, decoding, ws.spec.dcut, dcut_drafts(ws, decoding) if ws.spec.dcut else None)
-        dt = cost * scale / 1000.0
+        busy = 1 + sum(1 for n, w in workers.items()
+                       if w is not ws and (w.busy or any(k > 0 for (wn, _), k in kinds.items() if wn == n)))
+        dt = cost * scale * contention(busy, len(workers), solo) / 1000.0
         ws.busy = True
         ws.busy_s += dt
         n_steps += 1

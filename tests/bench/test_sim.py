@@ -60,6 +60,50 @@ def test_ar_pool_takes_more_cheaper_steps_and_scale_stretches_time() -> None:
     assert abs(b.requests[0].t_end - 2 * a.requests[0].t_end) < 1e-9
 
 
+def test_contention_is_one_when_every_worker_is_busy_and_solo_when_one_is() -> None:
+    from bench.sim.core import contention
+
+    assert contention(2, 2, 0.9) == 1.0 and contention(1, 2, 0.9) == 0.9
+    assert contention(0, 2, 0.9) == 0.9 and contention(3, 2, 0.9) == 1.0      # clamped to 1..workers
+    assert abs(contention(2, 3, 0.8) - 0.9) < 1e-12                            # linear in the idle others
+    assert contention(1, 1, 0.5) == 1.0                                        # one worker: always all busy
+    assert contention(1, 2, 1.0) == 1.0 and contention(1, 4, 1.0) == 1.0
+
+
+def _two_workers_one_outlasting() -> tuple[Fleet, Gateway, list[Request]]:
+    """Static arm (chat -> mtp#0, code -> D-Cut dfly#0), one of each sent at once: the chat request takes
+    6 steps of 2 + 11 ms, the code one 2 steps of 0.5 + 2 + 11 ms, so dfly#0 idles after 27 ms while
+    mtp#0 still has its 4th to 6th steps to take (from 39 ms on)."""
+    fleet, policy = arm_fleet("static")
+    ctx = RequestContext("", "latin", "0", "short")
+    long_chat = {"mtp": Replay(9, 6, 18, 12, 6), "dfly": Replay(9, 6, 18, 12, 6), "ar": Replay(9, 8)}
+    short_code = {"mtp": Replay(9, 2, 14, 6, 2), "dfly": Replay(9, 2, 14, 6, 2), "ar": Replay(9, 8)}
+    traffic = [Request(0, 0, 2, {"chat": 1.0}, 0.0, 0.0, 10, long_chat, ctx),
+               Request(1, 0, 2, {"code": 1.0}, 0.0, 0.0, 10, short_code, ctx)]
+    return fleet, Gateway(policy, overhead_ms=0.0), traffic
+
+
+def test_a_worker_stepping_alone_is_priced_at_solo() -> None:
+    fleet, gw, traffic = _two_workers_one_outlasting()
+    res = simulate(traffic, fleet, Flat(), gw, solo=0.5)
+    chat, code = res.requests
+    assert (chat.worker, code.worker) == ("mtp#0", "dfly#0")
+    assert abs(code.t_end - 2 * 0.0135) < 1e-9                  # both busy throughout: full price
+    assert abs(chat.t_end - (3 * 0.013 + 3 * 0.0065)) < 1e-9    # the last 3 steps alone, at half price
+
+
+def test_solo_one_and_one_worker_fleets_keep_the_single_factor_model() -> None:
+    """solo = 1 is the model with `scale` alone (every step at its profiled cost x scale), and so is any
+    solo on a one-worker fleet (the Hy3 check's)."""
+    fleet, gw, traffic = _two_workers_one_outlasting()
+    res = simulate(traffic, fleet, Flat(), gw, scale=2.0, solo=1.0)
+    assert abs(res.requests[0].t_end - 2 * 6 * 0.013) < 1e-9 and abs(res.requests[1].t_end - 2 * 2 * 0.0135) < 1e-9
+    fleet, gw = one_pool("mtp")
+    many = [req(i, "chat" if i % 3 else "code", concurrency=2 if i < 10 else 5, phase=int(i >= 10)) for i in range(20)]
+    a, b = simulate(many, fleet, Flat(), gw, scale=1.3), simulate(many, fleet, Flat(), gw, scale=1.3, solo=0.5)
+    assert [(r.t_first, r.t_end) for r in a.requests] == [(r.t_first, r.t_end) for r in b.requests]
+
+
 def test_closed_loop_segments_and_warmup_is_not_measured() -> None:
     fleet, gw = one_pool("mtp")
     traffic = [req(-1, measured=False), req(0, concurrency=2), req(1, concurrency=2), req(2, phase=1)]
