@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import openai
 
+# a strict schema whose longest output, {"name":"abcd","mood":"happy","age":99}, is 40 characters (no
+# whitespace, ASCII letters only): every output ends within PERSON_MAX_TOKENS, whatever tokens spell it
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Za-z]{1,4}$"},
+                                           "mood": {"enum": ["happy", "sad"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "mood", "age"], "additionalProperties": False}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+PERSON_MAX_TOKENS = 48
+
 
 def check_responses_round_trip(client: openai.OpenAI, model: str) -> None:
     """`responses.create`, a follow-up by `previous_response_id` that sees the history (its prompt holds

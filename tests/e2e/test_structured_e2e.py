@@ -18,16 +18,13 @@ import pytest_asyncio
 
 from classifier import classify
 from tests.engines.worker.conftest import Worker
+from tests.openai_checks import PERSON
 from tests.redis_server import RedisServer
 from tests.router.conftest import settings_for, uvicorn_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
-                                           "mood": {"enum": ["happy", "sad"]}, "age": {"type": "integer",
-                                                                                        "minimum": 0, "maximum": 120}},
-          "required": ["name", "mood", "age"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string", "maxLength": 6},

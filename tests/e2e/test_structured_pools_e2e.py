@@ -43,6 +43,7 @@ from engines.training.data import load_prompts
 from specroute.readiness import grpc_serving
 from tests.e2e.test_gateway_e2e import DEMO, _http, _spawn, _wait
 from tests.e2e.test_served_exactness import cpu_seconds, proc_cpu, write_dcut_profile
+from tests.openai_checks import PERSON, PERSON_FORMAT, PERSON_MAX_TOKENS
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -51,14 +52,8 @@ POOLS = ("mtp", "dfly-dcut")
 N_SCHEMA = 50
 THREADS = 8                  # requests in flight (the worker batches them)
 ADMIN = "e2e-admin-token-0123"
-# the schema's longest output, {"name":"abcd","mood":"happy","age":99}, is 40 characters (no whitespace,
-# ASCII letters only): every output ends within MAX_TOKENS, whatever tokens spell it
-MAX_TOKENS = 48
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Za-z]{1,4}$"},
-                                           "mood": {"enum": ["happy", "sad"]},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
-          "required": ["name", "mood", "age"], "additionalProperties": False}
-FMT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+MAX_TOKENS = PERSON_MAX_TOKENS
+FMT = PERSON_FORMAT
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string", "maxLength": 6},

@@ -38,17 +38,13 @@ from engines.model import KVCache, load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
 from specroute.contracts.grammar import GrammarSpec
-from tests.openai_checks import check_responses_round_trip
+from tests.openai_checks import PERSON, PERSON_FORMAT, PERSON_MAX_TOKENS, check_responses_round_trip
 from tests.router.conftest import settings_for
 from tests.router.gateway_thread import GatewayThread
 from tests.vllm.conftest import DEMO, VllmWorker
 
-N_SCHEMA = 40   # ~35 s here (50 held-out prompts validated too, in ~46 s: over this suite's budget)
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                           "mood": {"enum": ["happy", "sad", "calm"]},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-          "required": ["name", "mood", "age"], "additionalProperties": False}
-FMT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+N_SCHEMA = 50
+FMT = PERSON_FORMAT
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string", "maxLength": 8},
@@ -81,7 +77,7 @@ def test_json_schema_strict_validates_on_heldout_prompts(client: openai.OpenAI) 
     def one(i_text: tuple[int, str]) -> tuple[str | None, str]:
         i, text = i_text
         r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": text}],
-                                           response_format=FMT, max_tokens=48, temperature=0.8 * (i % 2), seed=i)
+                                           response_format=FMT, max_tokens=PERSON_MAX_TOKENS, temperature=0.8 * (i % 2), seed=i)
         assert (r.model_extra or {})["specroute"]["pool"] == "vllm"
         return r.choices[0].finish_reason, r.choices[0].message.content or ""
 
