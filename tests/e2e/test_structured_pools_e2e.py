@@ -206,7 +206,8 @@ class Answers:
 @pytest.fixture(scope="module")
 def answers(served: Pools) -> dict[str, Answers]:
     """Every request of the module, both pools' at once (each worker decodes on its own core), THREADS
-    in flight per pool; with the D-Cut worker's counters before and after (`served.dcut_grew`)."""
+    in flight per pool, with the D-Cut worker's counters before and after (`served.dcut_grew`); then
+    the logprobs requests, one at a time on each worker (both workers at once)."""
     out = {p: Answers() for p in POOLS}
     prompts = heldout(N_SCHEMA, 33)
 
@@ -225,10 +226,10 @@ def answers(served: Pools) -> dict[str, Answers]:
             model="specroute", messages=[{"role": "user", "content": ASKS[0]}], tools=[WEATHER, TIME],
             tool_choice="required", max_tokens=64, temperature=0, stream=True))
 
-    def logprobs(pool: str, case: str, stream: bool) -> None:
+    def logprobs(pool: str, case: str, streamed: bool) -> None:
         kw = dict(model="specroute", messages=CHAT, logprobs=True, top_logprobs=3, **LOGPROB_CASES[case][0])
         c = served.clients[pool].chat.completions
-        if stream:
+        if streamed:
             events = list(c.create(stream=True, **kw))
             out[pool].logprobs[f"{case} streamed"] = (
                 "".join(ch.delta.content or "" for ev in events for ch in ev.choices),
