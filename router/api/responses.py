@@ -29,10 +29,12 @@ from router.api.responses_wire import (
     chat_body,
     conversation,
     from_chat,
+    new_ids,
 )
 from router.gateway import Gateway
 from router.http.asgi import JSON_CONTENT_TYPE, ClientDisconnected, raw_headers, read_body, send_response
 from router.http.errors import APIError, validation_error
+from router.keys.ring import ApiKey
 from router.state.store import StoreUnavailable
 
 log = logging.getLogger("specroute.gateway.responses")
@@ -52,8 +54,8 @@ async def create_response(request: Request) -> Response:
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
     g = gateway_of(request)
-    authenticate(g, request.headers.get("authorization", ""))
-    rec = await _stored(g, response_id, "response_id")
+    key = authenticate(g, request.headers.get("authorization", ""))
+    rec = await _stored(g, response_id, "response_id", key)
     return Response(orjson.dumps(rec["response"]), media_type="application/json")
 
 
@@ -70,7 +72,7 @@ class ResponsesEndpoint(Response):
 async def serve_responses(g: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
     """The whole `/v1/responses` request, as ASGI."""
     try:
-        req, history = await _admit(g, scope, receive)
+        req, history, key = await _admit(g, scope, receive)
     except APIError as exc:
         await send_response(send, exc.status, [JSON_CONTENT_TYPE, *raw_headers(exc.headers)], orjson.dumps(exc.body()))
         return
@@ -88,14 +90,15 @@ async def serve_responses(g: Gateway, scope: Scope, receive: Receive, send: Send
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
-    bridge = Bridge(g, req, history, send)
+    bridge = Bridge(g, req, history, send, owner_of(key))
     await serve(g, "chat", inner, inner_receive, bridge.send)
 
 
-async def _admit(g: Gateway, scope: Scope, receive: Receive) -> tuple[ResponsesRequest, list[dict[str, str]]]:
-    """The authenticated, parsed and checked request, and the stored conversation it continues."""
+async def _admit(g: Gateway, scope: Scope, receive: Receive
+                 ) -> tuple[ResponsesRequest, list[dict[str, str]], ApiKey | None]:
+    """The parsed and checked request, the stored conversation it continues and the client's key."""
     hdrs = dict(scope["headers"])
-    authenticate(g, hdrs.get(b"authorization", b"").decode("latin-1"))
+    key = authenticate(g, hdrs.get(b"authorization", b"").decode("latin-1"))
     raw = await read_body(receive, g.settings.max_body_bytes, hdrs.get(b"content-length"))
     try:
         req = ResponsesRequest.model_validate_json(raw)
@@ -106,16 +109,23 @@ async def _admit(g: Gateway, scope: Scope, receive: Receive) -> tuple[ResponsesR
     req.check_supported()
     history: list[dict[str, str]] = []
     if req.previous_response_id is not None:
-        history = (await _stored(g, req.previous_response_id, "previous_response_id"))["messages"]
-    return req, history
+        history = (await _stored(g, req.previous_response_id, "previous_response_id", key))["messages"]
+    return req, history, key
 
 
-async def _stored(g: Gateway, response_id: str, param: str) -> dict[str, Any]:
+def owner_of(key: ApiKey | None) -> str:
+    """Whose a stored response is: the key's name ("" on a gateway that needs no key)."""
+    return key.name if key is not None else ""
+
+
+async def _stored(g: Gateway, response_id: str, param: str, key: ApiKey | None) -> dict[str, Any]:
+    """The stored response `response_id` of the caller's own key; another key's is not found, as an
+    unknown one is (a 404 says nothing about what others stored)."""
     try:
         rec = await g.responses.get(response_id)
     except StoreUnavailable as exc:
         raise APIError(503, "the response store is unavailable; retry the request", code="store_unavailable") from exc
-    if rec is None:
+    if rec is None or rec.get("owner", "") != owner_of(key):
         raise APIError(404, f"Response with id '{response_id}' not found.", param=param,
                        code="previous_response_not_found" if param == "previous_response_id" else "not_found")
     return rec
@@ -125,11 +135,13 @@ class Bridge:
     """The `send` that `serve` writes the chat completion to: what reaches the client is the Responses
     shape (errors pass as they are)."""
 
-    def __init__(self, g: Gateway, req: ResponsesRequest, history: list[dict[str, str]], send: Send) -> None:
-        self.g, self.req, self.history, self.out = g, req, history, send
+    def __init__(self, g: Gateway, req: ResponsesRequest, history: list[dict[str, str]], send: Send,
+                 owner: str) -> None:
+        self.g, self.req, self.history, self.out, self.owner = g, req, history, send, owner
         self.start: Message | None = None
         self.body = bytearray()
-        self.events = ResponseEvents(req) if req.stream else None
+        self.ids = new_ids()
+        self.events = ResponseEvents(req, self.ids) if req.stream else None
 
     @property
     def streaming(self) -> bool:
@@ -173,7 +185,7 @@ class Bridge:
         status, headers, body = self.start["status"], list(self.start.get("headers", [])), bytes(self.body)
         if status == 200:
             chat = orjson.loads(body)
-            resp = from_chat(self.req, chat)
+            resp = from_chat(self.req, chat, self.ids)
             await self._store(resp, chat["choices"][0]["message"]["content"] or "")
             body = orjson.dumps(resp)
         headers = [(k, v) for k, v in headers if k != b"content-length"] + [(b"content-length", b"%d" % len(body))]
@@ -184,7 +196,7 @@ class Bridge:
         if self.req.store is False:
             return
         try:
-            await self.g.responses.put(resp["id"], {"response": resp,
+            await self.g.responses.put(resp["id"], {"response": resp, "owner": self.owner,
                                                     "messages": conversation(self.req, self.history, answer)})
         except StoreUnavailable:
             log.warning("response %s not stored: the response store is unavailable", resp["id"])

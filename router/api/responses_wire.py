@@ -15,6 +15,7 @@ stream ends with `response.incomplete`, as OpenAI's does.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal
 
 import orjson
@@ -131,10 +132,11 @@ def conversation(req: ResponsesRequest, history: list[Message], answer: str) -> 
     return [*history, *req.input_messages(), {"role": "assistant", "content": answer}]
 
 
-def ids_of(chat_id: str) -> tuple[str, str]:
-    """The response's and its message item's ids, from the chat completion's (`chatcmpl-RID`)."""
-    rid = chat_id.split("-", 1)[-1]
-    return f"resp_{rid}", f"msg_{rid}"
+def new_ids() -> tuple[str, str]:
+    """A new response's id and its message item's: random, never the client's request id (a response id
+    is what a follow-up or a `GET` names; nobody may choose or guess another's)."""
+    token = secrets.token_hex(24)
+    return f"resp_{token}", f"msg_{token}"
 
 
 def usage_object(usage: dict[str, int] | None) -> dict[str, Any] | None:
@@ -173,9 +175,9 @@ def response_object(req: ResponsesRequest, resp_id: str, msg_id: str, created: i
     return out
 
 
-def from_chat(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
-    """The Response object of a whole chat completion body."""
-    resp_id, msg_id = ids_of(chat["id"])
+def from_chat(req: ResponsesRequest, chat: dict[str, Any], ids: tuple[str, str]) -> dict[str, Any]:
+    """The Response object (`ids`: its id and its message item's) of a whole chat completion body."""
+    resp_id, msg_id = ids
     choice = chat["choices"][0]
     return response_object(req, resp_id, msg_id, chat["created"], text=choice["message"]["content"] or "",
                            finish=choice["finish_reason"], usage=chat.get("usage"), spec=chat.get("specroute"))
@@ -184,11 +186,11 @@ def from_chat(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
 class ResponseEvents:
     """The SSE events of one streamed response, from the chat stream's events (`on_chat`)."""
 
-    def __init__(self, req: ResponsesRequest) -> None:
-        self.req = req
+    def __init__(self, req: ResponsesRequest, ids: tuple[str, str]) -> None:
+        self.req, self.ids = req, ids
         self.seq = 0
         self.text: list[str] = []
-        self.ids: tuple[str, str] | None = None
+        self.started = False
         self.created = 0
         self.finish: str | None = None
         self.done: dict[str, Any] | None = None   # the final response object, once sent
@@ -199,14 +201,13 @@ class ResponseEvents:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def _part(self, **fields: Any) -> dict[str, Any]:
-        assert self.ids is not None
         return {"item_id": self.ids[1], "output_index": 0, "content_index": 0, **fields}
 
     def on_chat(self, chunk: dict[str, Any]) -> bytes:
         """The events for one chat stream event (its text delta, its finish, its usage)."""
         out = b""
-        if self.ids is None:
-            self.ids, self.created = ids_of(chunk["id"]), chunk["created"]
+        if not self.started:
+            self.started, self.created = True, chunk["created"]
             resp = response_object(self.req, *self.ids, self.created)
             out += self._event("response.created", response=resp) + self._event("response.in_progress", response=resp)
             out += self._event("response.output_item.added", output_index=0,
@@ -225,7 +226,6 @@ class ResponseEvents:
         return out
 
     def _last(self, usage: dict[str, int], spec: dict[str, Any] | None) -> bytes:
-        assert self.ids is not None
         text = "".join(self.text)
         resp = response_object(self.req, *self.ids, self.created, text=text, finish=self.finish or "stop",
                                usage=usage, spec=spec)
@@ -241,7 +241,7 @@ class ResponseEvents:
         """The events of a stream that ended in an error: `error`, then `response.failed`."""
         err = error.get("error") or {}
         out = self._event("error", code=err.get("code"), message=err.get("message", "error"), param=err.get("param"))
-        if self.ids is not None:
+        if self.started:
             resp = response_object(self.req, *self.ids, self.created)
             resp["status"] = "failed"
             resp["error"] = {"code": err.get("code") or "server_error", "message": err.get("message", "error")}

@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from router.state.responses import ResponseStore
+from tests.router.conftest import engines, running_app, settings_for
+from tests.router.fake_engine import FakeConfig
 from tests.router.test_openai_api import env
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -68,6 +70,30 @@ async def test_create_stream_follow_up_and_get(redis_url: str) -> None:
 
         r = await client.post("/v1/responses", json={**BASE, "store": False})
         assert (await client.get(f"/v1/responses/{r.json()['id']}")).status_code == 404
+
+
+@on_the_session_loop
+async def test_a_stored_response_is_its_keys_alone(redis_url: str) -> None:
+    """A stored response is found only with the key that created it (another key's GET and follow-up get
+    the 404 of an unknown id), and its id is the gateway's own, never the client's request id (two keys
+    sending the same `x-request-id` get two responses, neither overwriting the other)."""
+    async with engines(FakeConfig(name="mtp", engine="mtp")) as es, running_app(settings_for(
+            {"mtp": [es[0].address]}, redis_url,
+            api_keys="team-a:sk-a-0123456789abcdef,team-b:sk-b-0123456789abcdef")) as client:
+        a, b = ({"authorization": f"Bearer sk-{t}-0123456789abcdef", "x-request-id": "order-1"} for t in "ab")
+        ra = await client.post("/v1/responses", json=BASE, headers=a)
+        rb = await client.post("/v1/responses", json=BASE, headers=b)
+        assert ra.status_code == rb.status_code == 200 and ra.headers["x-request-id"] == "order-1"
+        ida, idb = ra.json()["id"], rb.json()["id"]
+        assert ida != idb and "order-1" not in ida + idb and len(ida) > 40
+        assert (await client.get(f"/v1/responses/{ida}", headers=a)).json() == ra.json()
+        assert (await client.get(f"/v1/responses/{idb}", headers=b)).json() == rb.json()
+        other = await client.get(f"/v1/responses/{ida}", headers=b)
+        assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+        follow = await client.post("/v1/responses", json={**BASE, "previous_response_id": ida}, headers=b)
+        assert follow.status_code == 404 and follow.json()["error"]["param"] == "previous_response_id"
+        assert (await client.post("/v1/responses", json={**BASE, "previous_response_id": ida},
+                                  headers=a)).status_code == 200
 
 
 @on_the_session_loop
