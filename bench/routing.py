@@ -255,10 +255,11 @@ def main(argv: list[str]) -> int:
     try:
         system.start_redis()
         keys = list(dict.fromkeys(k for a in arm_names for ks in ARMS[a].pools.values() for k in ks))
-        print(f"starting {len(keys)} workers ({', '.join(f'{e}#{i}' for e, i in keys)}) ...", flush=True)
-        t_w = time.perf_counter()
-        system.start_workers(keys)
-        print(f"workers ready in {time.perf_counter() - t_w:.0f}s", flush=True)
+        if args.shared_workers:   # otherwise every arm and round starts its own (restart_workers below)
+            print(f"starting {len(keys)} workers ({', '.join(f'{e}#{i}' for e, i in keys)}) ...", flush=True)
+            t_w = time.perf_counter()
+            system.start_workers(keys)
+            print(f"workers ready in {time.perf_counter() - t_w:.0f}s", flush=True)
         for c, (name, sc, _) in enumerate(cells):   # cell by cell: a cell's arms run minutes apart, not an hour
             warm, trace = traces[name]
             for rnd in range(args.repeats):

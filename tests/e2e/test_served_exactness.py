@@ -1,10 +1,11 @@
 """Exact at T > 0 through the served path: the first three tokens of answers sampled through the
 gateway -> gRPC -> worker, from every speculative pool under load, against the plain (`ar`) pool's.
 
-One system for the module: real redis-server, one real gateway and three real workers on loopback,
-serving five pools over one tiny target (tests/ascii_bundle.py: one character per token, so an
-answer's text gives back its tokens; a mostly-bigram target and real MTP, DFly and EAGLE-3 drafters
-whose q is its bigram part, so drafts are accepted most of the time and rejected the rest):
+One system for the module: real redis-server (the gateway's), one real gateway and three real workers
+(writing no feedback) on loopback, serving five pools over one tiny target (tests/ascii_bundle.py:
+one character per token, so an answer's text gives back its tokens; a mostly-bigram target and real
+MTP, DFly and EAGLE-3 drafters whose q is its bigram part, so drafts are accepted most of the time
+and rejected the rest):
 
 - `dcut`: DFly with D-Cut (`--dcut`, its own worker), whose cost table (written into the bundle)
   charges for every verified second draft, so that D-Cut cuts the drafts it scores lowest under
@@ -88,7 +89,7 @@ MIN_EXPECTED = 20.0          # a histogram cell's least expected count (rarer pr
 BIAS = 0.05                  # the counterexample's size: P(token 0) 0.50 -> 0.55
 DETECTABLE = 0.10            # the test must detect a bias of this size with 90% probability
 ADMIN = "e2e-admin-token-0123"
-DCUT_K = 15                  # DFly's drafts per step on this bundle (block size 16)
+DCUT_K = 15                   # DFly's drafts per step on this bundle (block size 16)
 
 
 def messages(prompt: str) -> list[dict[str, str]]:
@@ -121,7 +122,9 @@ class Served:
         self.redis = RedisServer().start()
         self.metrics_port = free_port()
         ports = {name: free_port() for name in ("dcut", "multi", "eagle3", "gw")}
-        common = ["--model", str(self.bundle), "--redis-url", self.redis.url, "--max-running", str(MAX_RUNNING),
+        # the workers write no feedback (no --redis-url): a Redis script per answer would be a third of the
+        # module's CPU, and the records play no part in sampling (tests/engines/worker covers them)
+        common = ["--model", str(self.bundle), "--max-running", str(MAX_RUNNING),
                   "--max-waiting", "4096", "--prefill-budget", "100000"]
         self.procs = [
             _spawn(["worker", "--engine", "dfly", "--dcut", "--pool", "dcut", "--port", str(ports["dcut"]),
