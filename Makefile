@@ -123,8 +123,7 @@ soak: install
 	$(BIN)/specroute bench soak --minutes 10 --out bench/results/chaos.json
 
 # the served-path exactness histograms alone (gateway -> D-Cut, MTP, DFly, EAGLE-3 and AR pools, 2,000 samples
-# per prompt and temperature; beyond `make test`'s time budget, so on request); SPECROUTE_EXACTNESS_SAMPLES=N
-# for another size
+# per prompt and temperature; also part of `make test`); SPECROUTE_EXACTNESS_SAMPLES=N for another size
 exactness-served: install
 	SPECROUTE_EXACTNESS_SAMPLES=$${SPECROUTE_EXACTNESS_SAMPLES:-2000} $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_served_exactness.py
 

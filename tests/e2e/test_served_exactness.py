@@ -71,12 +71,8 @@ from tests.ascii_bundle import answer_tokens, make_ascii_bundle
 from tests.e2e.test_gateway_e2e import _http, _spawn, _wait
 from tests.redis_server import RedisServer, free_port
 
-SAMPLES_ENV = os.environ.get("SPECROUTE_EXACTNESS_SAMPLES", "")
-N_SAMPLES = int(SAMPLES_ENV or "2000")   # per pool, prompt and temperature
-# at full size the module costs minutes of both cores, more than `make test`'s 20-minute budget leaves:
-# it runs on request (`make exactness-served`, or the variable set to a sample count)
-pytestmark = [pytest.mark.e2e, pytest.mark.exactness, pytest.mark.timeout(1800),
-              pytest.mark.skipif(not SAMPLES_ENV, reason="set SPECROUTE_EXACTNESS_SAMPLES (make exactness-served)")]
+N_SAMPLES = int(os.environ.get("SPECROUTE_EXACTNESS_SAMPLES") or "2000")   # per pool, prompt and temperature
+pytestmark = [pytest.mark.e2e, pytest.mark.exactness, pytest.mark.timeout(1800)]
 CHOICES = 16                 # `n` per request (the gateway's most): one worker call each, one batch
 CONCURRENCY = 40             # requests in flight (x CHOICES rows)
 MAX_RUNNING = 256            # rows a worker decodes at once
