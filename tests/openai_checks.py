@@ -12,6 +12,16 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "pattern":
           "required": ["name", "mood", "age"], "additionalProperties": False}
 PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
 PERSON_MAX_TOKENS = 48
+# two strict tools (bounded arguments, so a forced call always closes)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 6},
+                                                "unit": {"enum": ["C", "F"]}},
+                                                "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+FUNCS = {"get_weather": WEATHER, "get_time": TIME}
 
 
 def check_responses_round_trip(client: openai.OpenAI, model: str) -> None:

@@ -18,20 +18,13 @@ import pytest_asyncio
 
 from classifier import classify
 from tests.engines.worker.conftest import Worker
-from tests.openai_checks import PERSON
+from tests.openai_checks import FUNCS, PERSON, TIME, WEATHER
 from tests.redis_server import RedisServer
 from tests.router.conftest import settings_for, uvicorn_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "maxLength": 6},
-                                                "unit": {"enum": ["C", "F"]}},
-                                                "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
@@ -81,7 +74,7 @@ async def test_forced_tool_calls_whole_streamed_and_round_trip(client: openai.As
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     call = choice.message.tool_calls[0]
-    fn = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]
+    fn = FUNCS[call.function.name]["function"]
     jsonschema.validate(json.loads(call.function.arguments), fn["parameters"])
 
     stream = await client.chat.completions.create(model="specroute", messages=ASK, tools=[WEATHER, TIME], max_tokens=64,

@@ -66,7 +66,15 @@ from specroute.readiness import grpc_serving
 from tests.e2e.test_gateway_e2e import CHAT, DEMO, _http, _spawn, _wait
 from tests.e2e.test_openai_surface_e2e import LOGIT_TOL
 from tests.e2e.test_served_exactness import cpu_seconds, proc_cpu, write_dcut_profile
-from tests.openai_checks import PERSON, PERSON_FORMAT, PERSON_MAX_TOKENS, check_responses_round_trip
+from tests.openai_checks import (
+    FUNCS,
+    PERSON,
+    PERSON_FORMAT,
+    PERSON_MAX_TOKENS,
+    TIME,
+    WEATHER,
+    check_responses_round_trip,
+)
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -77,15 +85,6 @@ THREADS = 8                  # requests in flight (the worker batches them)
 ADMIN = "e2e-admin-token-0123"
 MAX_TOKENS = PERSON_MAX_TOKENS
 FMT = PERSON_FORMAT
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "maxLength": 6},
-                                                "unit": {"enum": ["C", "F"]}},
-                                                "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-    "additionalProperties": False}}}
-FUNCS = {"get_weather": WEATHER, "get_time": TIME}
 ASKS = ("What is the weather in Oslo?", "What time is it in Paris?", "Is it raining in Rome?", "Tell me the time.")
 # logprobs cases: the request's parameters, the sampling rule they ask for and the grammar the gateway makes of them
 LOGPROB_CASES: dict[str, tuple[dict[str, Any], SamplingParams, GrammarSpec | None]] = {

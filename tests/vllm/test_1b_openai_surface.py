@@ -38,21 +38,21 @@ from engines.model import KVCache, load_model
 from engines.sampling import SamplingParams
 from engines.tokenizer import Tokenizer
 from specroute.contracts.grammar import GrammarSpec
-from tests.openai_checks import PERSON, PERSON_FORMAT, PERSON_MAX_TOKENS, check_responses_round_trip
+from tests.openai_checks import (
+    FUNCS,
+    PERSON,
+    PERSON_FORMAT,
+    PERSON_MAX_TOKENS,
+    TIME,
+    WEATHER,
+    check_responses_round_trip,
+)
 from tests.router.conftest import settings_for
 from tests.router.gateway_thread import GatewayThread
 from tests.vllm.conftest import DEMO, VllmWorker
 
 N_SCHEMA = 50
 FMT = PERSON_FORMAT
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "maxLength": 8},
-                                                "unit": {"enum": ["C", "F"]}},
-                                                "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
-FUNCS = {"get_weather": WEATHER, "get_time": TIME}
 CHAT = [{"role": "user", "content": "Tell me a short story about a cat."}]
 
 
