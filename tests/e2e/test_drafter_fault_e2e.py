@@ -98,7 +98,7 @@ def test_learned_policy_leaves_a_drafter_that_went_bad(fleet: Fleet) -> None:
             fleet.ask(CHAT)
     # (MTP has no code evidence yet: the warm-up exploration sends it some code requests, nothing else does)
     code_before = [(pool, mal) for dom, pool, mal, reason in before if dom == "code" and reason != "explore"]
-    assert len(code_before) >= 8 and sum(p == "dfly" for p, _ in code_before) >= 0.8 * len(code_before)
+    assert len(code_before) >= 8 and sum(p == "dfly" for p, _ in code_before) > 0.5 * len(code_before)
     assert all(pool == "mtp" for dom, pool, _, reason in before if dom == "code" and reason == "explore")
 
     fleet.procs["dfly"].send_signal(signal.SIGUSR1)
