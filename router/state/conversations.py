@@ -8,8 +8,9 @@ prefill cost per prompt token: the state the conversation rule (router/routing/c
 A lookup is one GET (only for requests that carry a conversation: a header, `user`, or a history with
 an assistant turn), bounded by the store's timeout; a failure means no affinity for that turn, never
 an error. Writes go out in the background after the turn is served (the turns that finish together in
-one pipeline). Without Redis the same map is
-kept in this process (bounded, oldest first out).
+one pipeline); until its write has landed, a gateway answers lookups of a key it wrote from memory, so
+a conversation's next turn sees its last one however soon it arrives (read your own writes). Without
+Redis the same map is kept in this process (bounded, oldest first out).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Conversations:
         self.local: OrderedDict[str, tuple[float, Sticky]] = OrderedDict()
         self.prefill = PrefillCost()
         self._queue: list[tuple[str, bytes]] = []   # (Redis key, value) not written yet
+        self._unwritten: dict[str, Sticky] = {}       # key -> the value queued or in flight for it
         self._writer: asyncio.Task[None] | None = None
 
     async def lookup(self, key: str) -> Sticky | None:
@@ -65,6 +67,8 @@ class Conversations:
             if hit is None or hit[0] < time.monotonic():
                 return None
             return hit[1]
+        if (mine := self._unwritten.get(key)) is not None:
+            return mine
         try:
             raw = await self.client.get(KEY_PREFIX + key)
         except Exception as exc:  # Redis down or slow: no affinity for this turn
@@ -93,6 +97,7 @@ class Conversations:
             return
         value = orjson.dumps({"pool": where.pool, "worker": where.worker})
         self._queue.extend((KEY_PREFIX + k, value) for k in keys)
+        self._unwritten.update((k, where) for k in keys)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
@@ -109,6 +114,10 @@ class Conversations:
                     await pipe.execute()
             except Exception as exc:
                 self._failed(exc)
+            queued = {k for k, _ in self._queue}
+            for k, _ in batch:   # landed (or lost with Redis): Redis answers from now on
+                if k not in queued:
+                    self._unwritten.pop(k[len(KEY_PREFIX):], None)
 
     async def flush(self) -> None:
         """Wait for the writes queued so far (shutdown, tests)."""

@@ -171,3 +171,19 @@ async def test_state_without_redis_and_with_redis_down() -> None:
         assert len(errors) == 2
     finally:
         await down.client.aclose()  # type: ignore[union-attr]
+
+
+async def test_a_gateway_reads_its_own_unwritten_turns(redis_url: str) -> None:
+    """A turn's record is written in the background; the next turn, arriving before that write lands,
+    still finds it (from the gateway's memory), and after the write Redis answers."""
+    client = aredis.Redis.from_url(redis_url)
+    conv = Conversations(client, ttl_s=60)
+    try:
+        conv.remember(["early"], Sticky("dfly", "b:2"))
+        assert await conv.lookup("early") == Sticky("dfly", "b:2")   # the writer has not run yet
+        await conv.flush()
+        assert not conv._unwritten
+        assert await conv.lookup("early") == Sticky("dfly", "b:2")   # now from Redis
+        assert await client.get("{specroute}:conv:early") is not None
+    finally:
+        await client.aclose()
