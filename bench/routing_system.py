@@ -101,10 +101,21 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             proc.wait(5)
 
 
+WORKER_CONTEXT = 2048   # tokens per cache slot: a held-out prompt (MAX_PROMPT_CHARS, ~1 token a character in CJK) + max_tokens
+WORKER_SLOTS = 16       # requests a worker decodes at once: S5's peak of 16 clients fits one worker
+
+
 class System:
+    """The processes of one `bench routing` run: Redis, the workers (each with `WORKER_SLOTS` cache slots
+    of `WORKER_CONTEXT` tokens: six SmolLM2 workers at the default 32 slots would need 18 GB of cache),
+    and a gateway per arm."""
+
     def __init__(self, model: Path, log_dir: Path, degrade_noise: float, seed: int,
                  start_timeout_s: float = 900.0) -> None:
         self.model, self.log_dir, self.noise, self.seed = model, log_dir, degrade_noise, seed
+        cfg = model / "config.json"   # (a test's stand-in bundle has none)
+        positions = json.loads(cfg.read_text()).get("max_position_embeddings", WORKER_CONTEXT) if cfg.is_file() else WORKER_CONTEXT
+        self.context = min(WORKER_CONTEXT, int(positions))
         self.timeout = start_timeout_s
         self.workers: dict[WorkerKey, tuple[subprocess.Popen[bytes], str]] = {}
         self.redis: subprocess.Popen[bytes] | None = None
@@ -172,6 +183,7 @@ class System:
         kind = MULTI_MODES if engine == "multi" else engine
         args = ["worker", "--engine", kind, *(["--dcut"] if engine == "dfly" else []), "--model", str(self.model),
                 "--port", str(port), "--pool", engine, "--redis-url", self.redis_url, "--threads", "1",
+                "--context-length", str(self.context), "--max-running", str(WORKER_SLOTS),
                 "--degrade-drafter-noise", str(self.noise), *(["--degrade-mode", "dfly"] if engine == "multi" else [])]
         return key, _spawn(args, log), f"127.0.0.1:{port}", log
 
