@@ -3,9 +3,11 @@ the app driven in-process (httpx ASGITransport with the lifespan run explicitly)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +18,7 @@ import redis
 
 from router.app import create_app
 from router.settings import Settings
+from specroute.contracts.context import GLOBAL_LEVEL
 from tests.redis_server import RedisServer
 from tests.router.fake_engine import FakeConfig, FakeEngine
 
@@ -111,3 +114,17 @@ async def uvicorn_app(settings: Settings, classify: Callable[..., Any] = keyword
     finally:
         server.should_exit = True
         await task
+
+
+async def snapshot_holds(gw: object, requests: dict[str, float], timeout_s: float = 20.0) -> None:
+    """Wait until the gateway's snapshot holds the feedback of `requests` requests per pool (their
+    decayed count at least 90% of it; the workers' feedback writers and the snapshot refresh run on
+    their own time, and a loaded machine takes longer than any fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cells = gw.snapshot.cells  # type: ignore[attr-defined]
+        have = {p: cells[(GLOBAL_LEVEL, p)].n if (GLOBAL_LEVEL, p) in cells else 0.0 for p in requests}
+        if all(have[p] >= 0.9 * n for p, n in requests.items()):
+            return
+        assert time.monotonic() < deadline, f"feedback not in the snapshot after {timeout_s} s: {have}"
+        await asyncio.sleep(0.05)

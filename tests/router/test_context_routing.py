@@ -5,7 +5,6 @@ different pools."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -21,7 +20,7 @@ from router.workers.pools import speculation
 from specroute.contracts.context import GLOBAL_LEVEL, RequestContext, request_context
 from specroute.contracts.feedback import CONTEXT_INDEX, stats_key
 from specroute.v1 import engine_pb2
-from tests.router.conftest import ADMIN, engines, running_app, settings_for
+from tests.router.conftest import ADMIN, engines, running_app, settings_for, snapshot_holds
 from tests.router.fake_engine import FakeConfig
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -163,7 +162,7 @@ async def test_code_at_t0_and_t1_learn_different_pools(redis_url: str) -> None:
             for i in range(n):
                 assert await _ask(c, 0.0 if i % 2 else 1.0) == (pool, "pin")
         await _set_policy(c, pins={})
-        await asyncio.sleep(0.3)  # the feedback is in the snapshot
+        await snapshot_holds(gw, {"dfly": 40, "ar": 20})
         cold = [await _ask(c, 0.0) for _ in range(10)]
         hot = [await _ask(c, 1.0) for _ in range(10)]
         print(f"T=0 -> {cold}\nT=1 -> {hot}")
@@ -214,7 +213,7 @@ async def test_free_and_schema_constrained_code_learn_different_pools(redis_url:
             for i in range(n):
                 assert await _ask_json(c, schema=bool(i % 2)) == (pool, "pin")
         await _set_policy(c, pins={})
-        await asyncio.sleep(0.3)  # the feedback is in the snapshot
+        await snapshot_holds(gw, {"dfly": 40, "ar": 20})
         free = [await _ask_json(c, schema=False) for _ in range(10)]
         constrained = [await _ask_json(c, schema=True) for _ in range(10)]
         print(f"free -> {free}\nschema -> {constrained}")

@@ -5,8 +5,6 @@ cores."""
 
 from __future__ import annotations
 
-import asyncio
-
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
@@ -23,7 +21,7 @@ from router.routing.conversation import (
 from router.routing.decide import Decision
 from router.state.conversations import Conversations
 from tests.redis_server import free_port
-from tests.router.conftest import ADMIN, engines, running_app, settings_for
+from tests.router.conftest import ADMIN, engines, running_app, settings_for, snapshot_holds
 from tests.router.fake_engine import FakeConfig
 
 SYS = ("system", "be brief")
@@ -144,7 +142,7 @@ async def test_a_conversation_moves_when_the_gain_beats_the_prefill(redis_url: s
         learning = {**(await c.get("/admin/policy", headers=ADMIN)).json()["learning"], "min_samples": 1.0,
                     "switch_margin": 0.0}
         await policy(pins={}, exploration_rate=0.0, learning=learning)
-        await asyncio.sleep(0.3)   # the feedback reaches the snapshot
+        await snapshot_holds(g, {"mtp": 3, "dfly": 5})
         h = await turn("c-stay", "and more python code", 2)
         assert (h["x-specroute-conversation"], h["x-specroute-pool"], h["x-specroute-reason"]) == \
             ("stay", "dfly", "conversation")

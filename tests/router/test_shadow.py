@@ -5,7 +5,6 @@ history. 4-7 s on two loaded cores."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from pathlib import Path
@@ -20,7 +19,7 @@ from router.routing.shadow import compare
 from router.state.shadow import clear_shadow, load_shadow, submit_shadow
 from router.state.store import PolicyStore
 from specroute.contracts.feedback import CellStats
-from tests.router.conftest import ADMIN, engines, running_app, settings_for
+from tests.router.conftest import ADMIN, engines, running_app, settings_for, snapshot_holds
 from tests.router.fake_engine import FakeConfig
 
 CODE_REQ = {"model": "fake-model", "messages": [{"role": "user", "content": "write python code"}], "max_tokens": 4}
@@ -67,7 +66,7 @@ async def warm_up(c: httpx.AsyncClient) -> dict[str, Any]:
     doc, etag = await _policy(c)
     live = {**doc, "pins": {}, "exploration_rate": 0.0, "learning": {**doc["learning"], "enabled": False}}
     assert (await c.put("/admin/policy", json=live, headers={**ADMIN, "if-match": etag})).status_code == 200
-    await asyncio.sleep(0.3)  # the feedback reaches the snapshot
+    await snapshot_holds(c.app.state.gateway, {"mtp": 3, "dfly": 3})  # type: ignore[attr-defined]
     return live
 
 
