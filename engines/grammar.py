@@ -11,8 +11,14 @@ matcher through its drafts d_1..d_j while each is allowed (mask t is the state a
 disallowed d_{j+1} has masked probability 0, so it is rejected whatever the rule (greedy: never the
 argmax; sampling: p/q = 0, then the residual of the masked p), and no position after j+1 is ever
 reached: their logits are left as they are and never used. After acceptance (`commit_rows`) the
-matcher rolls back the j - a drafts that were not accepted and consumes the emitted token. Drafters
-propose unmasked (q is what they sampled from; the verifier's ratio test uses it as it is).
+matcher rolls back the j - a drafts that were not accepted and consumes the emitted token.
+
+Drafters that pick their drafts one after another (MTP, DFly, DSpark) draft under the same masks
+(`DraftingMasks`): each pick is made among the tokens the grammar allows after the row's drafts so far,
+so q is the masked draft distribution, which is what the drafter samples from and what the verifier's
+ratio test reads; the matcher is rolled back to where it was once the drafts are picked. A forced
+token (a brace, a key of the schema) is then drafted with certainty and accepted. Drafters that pick
+every position at once (DFlash, EAGLE-3's tree) propose unmasked.
 
 When the grammar is complete only EOS is allowed; a matcher with nothing allowed (after EOS) allows
 EOS, which the stop rule ends on anyway.
@@ -23,7 +29,8 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -85,6 +92,59 @@ class Constraint:
             self.matcher.rollback(real)
         self.advanced = self.virtual = 0
         self.consume(token)
+
+
+class DraftingMasks:
+    """The `engines.drafters.base.DraftMasks` of one drafter call's rows: row b's grammar advanced
+    through its drafts as the drafter picks them, and rolled back by `release`. A row whose draft falls
+    outside its mask (none of its allowed tokens was in the draft vocabulary, so it picked unmasked)
+    is unmasked from there on: its later drafts are rejected in verification anyway."""
+
+    def __init__(self, constraints: Sequence[Constraint | None]) -> None:
+        self.constraints = list(constraints)
+        self.V = next(c.V for c in self.constraints if c is not None)
+        self.consumed = [0] * len(self.constraints)
+        self.last: list[Tensor | None] = [None] * len(self.constraints)   # row b's mask of its last pick
+
+    def after(self, drafted: Tensor | None) -> Tensor:
+        out = torch.ones(len(self.constraints), self.V, dtype=torch.bool)
+        for b, c in enumerate(self.constraints):
+            if c is None:
+                continue
+            last = self.last[b]
+            if drafted is not None:
+                if last is None:
+                    continue   # unmasked from an earlier draft on
+                d = int(drafted[b])
+                if not bool(last[d]):
+                    self.last[b] = None
+                    continue
+                if not c.matcher.is_stopped():   # past the grammar's end only EOS is allowed: nothing to consume
+                    if not c.matcher.consume_token(d):
+                        self.last[b] = None
+                        continue
+                    self.consumed[b] += 1
+            self.last[b] = out[b] = c.mask()
+        return out
+
+    def release(self) -> None:
+        """Put every row's grammar back where the drafts began."""
+        for c, n in zip(self.constraints, self.consumed, strict=True):
+            if c is not None and n:
+                c.matcher.rollback(n)
+        self.consumed = [0] * len(self.constraints)
+
+
+@contextmanager
+def drafting_under(constraints: Sequence[Constraint | None]) -> Iterator[DraftingMasks | None]:
+    """The drafting masks of one drafter call's rows (None when none of them is constrained), their
+    grammars rolled back to where the drafts began when the call is done."""
+    masks = None if all(c is None for c in constraints) else DraftingMasks(constraints)
+    try:
+        yield masks
+    finally:
+        if masks is not None:
+            masks.release()
 
 
 def masked_logits(logits: Tensor, allowed: Tensor) -> Tensor:

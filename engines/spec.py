@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ from torch import Tensor
 from engines.drafters.base import DraftContext, Drafter, Proposal
 from engines.errors import ContextFull, DrafterMismatch, EngineError, check_room
 from engines.generate import next_token
-from engines.grammar import Constraint, commit_rows, first_token_logits, mask_drafted
+from engines.grammar import Constraint, commit_rows, drafting_under, first_token_logits, mask_drafted
 from engines.logprobs import record as record_logprobs
 from engines.model import ForwardOut, KVCache, Transformer
 from engines.modes import PLAIN_STEP, ModeCosts, steady_context
@@ -314,7 +314,8 @@ class SpecDecoder:
         if any(hot):
             gen = states[0].generator if len(states) == 1 else self._draft_gen
         drafter.sample_drafts = any(hot)
-        proposal = drafter.propose(ctx, k, temperature, top_p, gen)
+        with drafting_under([st.constraint for st in states]) as masks:   # constrained rows: `engines.grammar`
+            proposal = drafter.propose(ctx if masks is None else replace(ctx, masks=masks), k, temperature, top_p, gen)
         if drafter.conditioned_drafts and any(hot):   # their conf at j depends on their drafts before j
             proposal.conditioned = torch.tensor(hot, dtype=torch.bool)
         return proposal

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,18 @@ from engines.model import ForwardOut, Transformer
 from engines.sampling import RowParam
 
 
+class DraftMasks(Protocol):
+    """Grammar masks for drafting (`engines.grammar.DraftingMasks`): which tokens each row's next draft
+    may be, given its drafts so far. A drafter that picks its drafts one after another masks each
+    pick's logits with it, so q is the masked distribution it actually samples from."""
+
+    def after(self, drafted: Tensor | None) -> Tensor:
+        """[B, V] bool: the tokens allowed for each row's next draft, once `drafted` ([B], the picks of
+        the previous position; None before the first) is appended to its drafts (all True on
+        unconstrained rows)."""
+        ...
+
+
 @dataclass
 class DraftContext:
     slots: Tensor        # [B]     drafter cache slot of each row (same as the target's)
@@ -41,6 +53,7 @@ class DraftContext:
     next_tokens: Tensor  # [B, T]  committed token at position+1 (the last valid one is y0)
     last_token: Tensor   # [B]     y0, the first token of the block to draft after
     start: Tensor        # [B]     n, the position of y0
+    masks: DraftMasks | None = None   # grammar masks of constrained rows (None: no row is constrained)
 
     def subset(self, rows: Sequence[int]) -> DraftContext:
         """The context of `rows` only (in that order), its padding cut to their longest new context."""

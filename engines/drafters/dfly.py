@@ -92,15 +92,18 @@ class DFlyDrafter(DFlashDrafter):
         c, head = self.correction, self.draft_head
         pre = c.pre(h)                               # [B, k, 2I]
         prev = ctx.last_token
-        if bool(hot_rows(temperature, self.sample_drafts, B).any()):   # greedy rows among them: pick's one-hot q
+        hot = bool(hot_rows(temperature, self.sample_drafts, B).any())
+        if hot or ctx.masks is not None:   # greedy rows among sampled ones: pick's one-hot q
             toks, confs, probs = [], [], []
             for j in range(k):
                 hj = c(h[:, j], pre[:, j], self.embed(prev))
-                prev, conf, p = head.pick(head.logits(hj), temperature, top_p, True, generator)
+                allowed = None if ctx.masks is None else ctx.masks.after(prev if j else None)
+                prev, conf, p = head.pick(head.logits(hj), temperature, top_p, hot, generator, allowed)
                 toks.append(prev)
                 confs.append(conf)
                 probs.append(p)
-            return Proposal(torch.stack(toks, 1), torch.stack(confs, 1), torch.stack(probs, 1))  # type: ignore[arg-type]
+            return Proposal(torch.stack(toks, 1), torch.stack(confs, 1),
+                            torch.stack(probs, 1) if hot else None)  # type: ignore[arg-type]
         # greedy: per slot one gather, SwiGLU, down_proj, drafting head and argmax. (Solving the
         # recurrence by batched fixed-point passes was tried: the correction head keeps changing later
         # slots, so it needed ~k passes of k slots each and was slower than this loop.)

@@ -96,7 +96,8 @@ class DSparkDrafter(DFlashDrafter):
         for j in range(k):
             e = self.markov_in(prev)                             # [B, r]
             z = base[:, j] + F.linear(e.to(rows.dtype), rows).float()
-            prev, c, p = head.pick(z, temperature, top_p, sampling, generator)
+            allowed = None if ctx.masks is None else ctx.masks.after(prev if j else None)
+            prev, c, p = head.pick(z, temperature, top_p, sampling, generator, allowed)
             if not bool(hot.all()):   # the head was fitted to greedy acceptance; sampled drafts keep max q
                 c = torch.where(hot, c, torch.sigmoid(self.confidence(torch.cat([h[:, j], e.to(h.dtype)], -1)).float()[:, 0]))
             toks.append(prev)

@@ -58,6 +58,13 @@ class DraftHead:
         w = self.narrow if self.narrow is not None and bf16_pays(hidden.numel() // hidden.shape[-1]) else self.weight
         return F.linear(hidden.to(w.dtype), w).float()
 
+    def masked(self, logits: Tensor, allowed: Tensor) -> Tensor:
+        """logits [B, N] with -inf outside each row's allowed tokens (allowed [B, V]), rows with no
+        allowed token in the draft vocabulary left as they are."""
+        a = allowed if self.ids is None else allowed[:, self.ids]     # [B, N]
+        a = a | ~a.any(-1, keepdim=True)
+        return logits.masked_fill(~a, float("-inf"))
+
     def tokens(self, index: Tensor) -> Tensor:
         """Draft-vocabulary indices -> token ids (same shape)."""
         return index if self.ids is None else self.ids[index]
@@ -71,9 +78,13 @@ class DraftHead:
         return out
 
     def pick(self, logits: Tensor, temperature: RowParam, top_p: RowParam, sample: bool,
-             generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor | None]:
+             generator: torch.Generator | None, allowed: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """logits [B, N] -> (token ids [B], confidence [B], full draft distribution [B, V] | None).
-        Greedy unless sampling drafts at temperature > 0; confidence as `pick_tokens`."""
+        Greedy unless sampling drafts at temperature > 0; confidence as `pick_tokens`. `allowed` [B, V]
+        (a grammar's masks): each row picks among its allowed tokens, and its q is that masked
+        distribution; a row none of whose allowed tokens is in the draft vocabulary picks unmasked."""
+        if allowed is not None:
+            logits = self.masked(logits, allowed)
         idx, conf, probs = pick_tokens(logits, temperature, top_p, sample, generator)
         return self.tokens(idx), conf, None if probs is None else self.full_probs(probs)
 

@@ -118,7 +118,8 @@ class MTPDrafter(Drafter):
             if s:
                 pos = pos + 1
                 h = self.step(h, toks[-1][:, None], pos, self._cache_kv(ctx.slots, pos, ones))
-            t, c, p = head.pick(head.logits(norm(h[:, 0])), temperature, top_p, self.sample_drafts, generator)
+            allowed = None if ctx.masks is None else ctx.masks.after(toks[-1] if s else None)
+            t, c, p = head.pick(head.logits(norm(h[:, 0])), temperature, top_p, self.sample_drafts, generator, allowed)
             toks.append(t)
             confs.append(c)
             probs.append(p)

@@ -111,3 +111,33 @@ def test_constrained_spec_equals_constrained_ar(demo, compiler, kind, use_dcut):
 def test_constraint_is_a_fresh_state(compiler):
     a, b = compiler.constraint(SPEC), compiler.constraint(SPEC)
     assert isinstance(a, Constraint) and a.matcher is not b.matcher
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dfly"])
+def test_chain_drafters_draft_under_the_grammar(demo, compiler, kind):
+    """A drafter that picks its drafts one after another drafts only what the grammar allows after the
+    drafts before (q is the masked draft distribution), greedy and sampled, and leaves the row's
+    grammar where it was."""
+    drafter = load_drafter(kind, demo.path, demo.target, head_dtype=None).eval()
+    dec = SpecDecoder(demo.target, drafter, 2, 256, prefill_chunk=64)
+    ids = demo.tok.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    for slot, params in enumerate([SamplingParams(), SamplingParams(1.0)]):
+        c = compiler.constraint(SPEC)
+        dec.start(slot, ids, params, constraint=c)
+        while (y0 := dec.prefill_step(slot, 64)) is None:
+            pass
+        before = c.mask()
+        proposal = dec.draft([slot], drafter.max_draft)
+        assert proposal is not None and torch.equal(c.mask(), before)   # the grammar is back where it was
+        walk = compiler.constraint(SPEC)
+        walk.consume(y0)
+        vocab = drafter.draft_head.ids
+        for d in proposal.tokens[0].tolist():
+            allowed = walk.mask()
+            if vocab is not None and not bool(allowed[vocab].any()):
+                break   # nothing allowed is in the draft vocabulary: the drafter picks unmasked from here
+            assert bool(allowed[d]), (kind, params, demo.tok.decode(proposal.tokens[0].tolist()))
+            walk.consume(d)
+        if proposal.probs is not None:   # sampled: q is zero outside the grammar at the first draft
+            assert float(proposal.probs[0, 0][~before].sum()) == 0.0
+        dec.release(slot)

@@ -1,7 +1,9 @@
 """At T > 0 a grammar-constrained request's output law is the masked target's, on every path: the exact
 law of the outputs a small grammar allows (every token sequence enumerated: the target's masked, tempered
-distribution at each prefix) against histograms of AR and of speculative decoding (DFly and MTP, drafts
-sampled from q and proposed unmasked, so most are disallowed and go to the residual of the masked p).
+distribution at each prefix) against histograms of AR and of speculative decoding (MTP, DFly and DSpark,
+whose drafts are sampled under the grammar's masks: q is the masked draft distribution; and DFlash,
+whose block is proposed unmasked, so most of its drafts are disallowed and go to the residual of the
+masked p).
 The tiny random bundle with the demo tokenizer, real llguidance, the real batcher: 600 samples per path,
 ~40-100 s per path on 2 loaded cores (marked slow)."""
 
@@ -35,7 +37,7 @@ N = 600
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_bundle(tmp_path_factory.mktemp("g") / "bundle", drafters=("mtp", "dfly"))
+    return make_tiny_bundle(tmp_path_factory.mktemp("g") / "bundle", drafters=("mtp", "dfly", "dspark", "dflash"))
 
 
 @torch.no_grad()
@@ -83,7 +85,7 @@ def sample_outputs(decoder: SpecDecoder, tok: Tokenizer, compiler: GrammarCompil
     return outs
 
 
-@pytest.mark.parametrize("kind", ["ar", "dfly", "mtp"])
+@pytest.mark.parametrize("kind", ["ar", "dfly", "mtp", "dspark", "dflash"])
 def test_constrained_sampling_law(bundle: Path, kind: str) -> None:
     torch.manual_seed(0)
     target = load_model(bundle).eval()
