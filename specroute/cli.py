@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ DIE_WITH_PARENT_ENV = "SPECROUTE_DIE_WITH_PARENT"
 # "module:function" a spawned child runs on start (the vLLM backend: corrections to vLLM's CPU kernels
 # in its engine core, engines/vllm_cpu_fixes.py)
 CHILD_HOOK_ENV = "SPECROUTE_CHILD_HOOK"
+CHILD_STARTED_ENV = "SPECROUTE_CHILD_STARTED"   # the pid of the child that ran `child_started`
 
 
 def die_with_parent_if_asked() -> None:
@@ -50,6 +52,18 @@ def die_with_parent_if_asked() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != int(want):   # the parent died before the prctl
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def child_started() -> None:
+    """In a multiprocessing child of a `specroute` process, once: `die_with_parent_if_asked`, then
+    `run_child_hook`. A spawned child imports its parent's main module: this module as `__mp_main__`
+    under `python -m specroute.cli`, or the `specroute` console script, which imports this module by
+    name (how containers start workers): both land here."""
+    if os.environ.get(CHILD_STARTED_ENV) == str(os.getpid()):
+        return
+    os.environ[CHILD_STARTED_ENV] = str(os.getpid())
+    die_with_parent_if_asked()
+    run_child_hook()
 
 
 def run_child_hook() -> None:
@@ -87,6 +101,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-elif __name__ == "__mp_main__":   # a multiprocessing child (spawn) of a `specroute` process
-    die_with_parent_if_asked()
-    run_child_hook()
+elif __name__ == "__mp_main__" or getattr(multiprocessing.current_process(), "_inheriting", False):
+    child_started()   # a spawned child, importing its parent's main module (multiprocessing.spawn.prepare)
