@@ -258,6 +258,7 @@ class EngineService(pb_grpc.EngineServicer):
         chunk.prompt_tokens = len(req.prompt_ids)
         if ev.stats is not None:
             chunk.completion_tokens = ev.stats.completion_tokens
+            chunk.cached_prompt_tokens = ev.stats.cached_prompt_tokens
             chunk.stats.CopyFrom(stats_pb(ev))
             if self.feedback is not None:
                 st, acc = ev.stats, ev.stats.acceptance

@@ -229,6 +229,7 @@ class VllmBackend(AsyncTaskBackend):
                     summary = spec_summary(c.spec_decode_metrics)
                     stats = stats_from_vllm(summary, len(req.prompt_ids), n)
                     stats.ttft_s, stats.wall_s = t_first - h.submitted, now - h.submitted
+                    stats.cached_prompt_tokens = out.num_cached_tokens or 0   # vLLM's prefix cache hits
                     self._observe(stats, sum((summary or {}).get("acceptance_histogram") or ()))
                     h.sink(Event(ids, c.text, now, FINISH_REASONS.get(c.finish_reason or "stop", "stop"), stats,
                                  logprobs=lps))

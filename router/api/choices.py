@@ -105,6 +105,7 @@ def combined(cols: Sequence[Collected]) -> Collected:
     out = Collected(min(c.ttft_s for c in cols))
     out.finish = cols[0].finish
     out.prompt_tokens = max(c.prompt_tokens for c in cols)
+    out.cached_tokens = min(c.cached_tokens for c in cols)   # the prompt counts once: what every choice read cached
     out.completion_tokens = sum(c.completion_tokens or c.num_tokens for c in cols)
     out.num_tokens = sum(c.num_tokens for c in cols)
     stats = [c.stats for c in cols if c.stats is not None]

@@ -356,7 +356,7 @@ def _served(g: Gateway, ex: Exchange, up: Upstream, col: Collected, status: int)
         g.feedback(gateway_record(d, up.pool, col, up.worker_s, ex.rid or ""))
     if status == 200 and g.settings.conversation_affinity:
         assert ex.request is not None
-        remember_turn(g, ex.request, up, col.text, col.prompt_tokens)
+        remember_turn(g, ex.request, up, col.text, col.prompt_tokens - col.cached_tokens)   # what it prefilled
 
 
 def _headers(g: Gateway, ex: Exchange, pool: str | None, overhead_s: float,

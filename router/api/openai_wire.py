@@ -78,12 +78,14 @@ def generate_request(body: Body, request_id: str, d: Decision, choice: int = 0) 
 class Collected:
     """Text, token counts, finish reason and speculative statistics of a worker stream so far."""
 
-    __slots__ = ("text", "finish", "prompt_tokens", "completion_tokens", "num_tokens", "stats", "ttft_s", "logprobs")
+    __slots__ = ("text", "finish", "prompt_tokens", "cached_tokens", "completion_tokens", "num_tokens", "stats",
+                 "ttft_s", "logprobs")
 
     def __init__(self, ttft_s: float = 0.0) -> None:
         self.text: list[str] = []
         self.finish = ""
         self.prompt_tokens = 0
+        self.cached_tokens = 0      # of the prompt's tokens, read from the worker's prefix cache
         self.completion_tokens = 0
         self.num_tokens = 0
         self.stats: Any = None  # engine_pb2 stats of the final chunk
@@ -101,13 +103,17 @@ class Collected:
         if c.finish_reason:
             self.finish = c.finish_reason
             self.completion_tokens = c.completion_tokens or self.num_tokens
+            self.cached_tokens = c.cached_prompt_tokens
             if c.HasField("stats"):
                 self.stats = c.stats
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage object; `prompt_tokens_details.cached_tokens` is how much of the prompt the
+        worker read from its prefix cache (vLLM pools with prefix caching; 0 on our engine)."""
         ct = self.completion_tokens or self.num_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": ct,
-                "total_tokens": self.prompt_tokens + ct}
+                "total_tokens": self.prompt_tokens + ct,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def counts(self) -> tuple[int, int, int]:
         """Drafted and accepted tokens and verification steps (zeros without statistics)."""
@@ -216,7 +222,7 @@ class Completion:
             delta["content"] = text
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def json(self, text: str, finish: str, usage: dict[str, int], spec: dict[str, Any], *,
+    def json(self, text: str, finish: str, usage: dict[str, Any], spec: dict[str, Any], *,
              logprobs: dict[str, Any] | None = None, choices: list[dict[str, Any]] | None = None) -> bytes:
         """The whole non-streaming response body: one choice, or the given `choices` (n > 1)."""
         if choices is None:
@@ -245,7 +251,7 @@ class Completion:
         """The events of one piece of the model's text (`router.api.tool_calls.ToolCompletion` parses it)."""
         return self.token_event(text)
 
-    def last_events(self, finish: str | list[str], usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+    def last_events(self, finish: str | list[str], usage: dict[str, Any], spec: dict[str, Any]) -> bytes:
         """The finishing event of each choice (the last with `specroute`, or followed by the usage
         event that carries it when `include_usage`) and the `[DONE]` terminator."""
         finishes = [finish] if isinstance(finish, str) else finish

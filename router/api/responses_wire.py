@@ -139,10 +139,11 @@ def new_ids() -> tuple[str, str]:
     return f"resp_{token}", f"msg_{token}"
 
 
-def usage_object(usage: dict[str, int] | None) -> dict[str, Any] | None:
+def usage_object(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if usage is None:
         return None
-    return {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"]}
 
@@ -154,7 +155,7 @@ def message_item(msg_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def response_object(req: ResponsesRequest, resp_id: str, msg_id: str, created: int, *, text: str | None = None,
-                    finish: str | None = None, usage: dict[str, int] | None = None,
+                    finish: str | None = None, usage: dict[str, Any] | None = None,
                     spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Response object: in progress (`finish` None: no output yet), completed, or incomplete
     (it stopped at `max_output_tokens`)."""
@@ -225,7 +226,7 @@ class ResponseEvents:
             out += self._last(chunk["usage"], chunk.get("specroute"))
         return out
 
-    def _last(self, usage: dict[str, int], spec: dict[str, Any] | None) -> bytes:
+    def _last(self, usage: dict[str, Any], spec: dict[str, Any] | None) -> bytes:
         text = "".join(self.text)
         resp = response_object(self.req, *self.ids, self.created, text=text, finish=self.finish or "stop",
                                usage=usage, spec=spec)

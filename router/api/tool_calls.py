@@ -104,7 +104,7 @@ class ToolCompletion(Completion):
         super().__init__(*args, **kwargs)
         self.stream = ToolStream(self.rid)
 
-    def json(self, text: str, finish: str, usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+    def json(self, text: str, finish: str, usage: dict[str, Any], spec: dict[str, Any]) -> bytes:
         content, calls = parse_tool_calls(text, self.rid)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -123,7 +123,7 @@ class ToolCompletion(Completion):
         """The events of one piece of the model's text (none while a block is open)."""
         return self._pieces(*self.stream.feed(text))
 
-    def last_events(self, finish: str | list[str], usage: dict[str, int], spec: dict[str, Any]) -> bytes:
+    def last_events(self, finish: str | list[str], usage: dict[str, Any], spec: dict[str, Any]) -> bytes:
         finish = finish[0] if isinstance(finish, list) else finish   # one choice (n > 1 is refused with tools)
         rest = self._pieces(self.stream.flush(), [])
         if self.stream.calls and finish == "stop":

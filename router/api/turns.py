@@ -23,10 +23,11 @@ async def turn_of(g: Gateway, req: Admitted) -> Turn | None:
     return Turn(sticky, chars_to_tokens(req.history_chars), float(expected))
 
 
-def remember_turn(g: Gateway, req: Admitted, up: Upstream, text: list[str], prompt_tokens: int) -> None:
+def remember_turn(g: Gateway, req: Admitted, up: Upstream, text: list[str], prefilled_tokens: int) -> None:
     """After a served turn: its worker, under the conversation's id, or under the key of its messages
-    and answer (what the next turn's history hashes to); and the pool's prefill cost."""
-    g.conversations.prefill.observe(up.pool, up.ttft_s, prompt_tokens)
+    and answer (what the next turn's history hashes to); and the pool's prefill cost (time to the first
+    token over the prompt tokens the worker prefilled, those read from its prefix cache left out)."""
+    g.conversations.prefill.observe(up.pool, up.ttft_s, prefilled_tokens)
     keys: list[str] = []
     if req.conversation is not None and req.conversation[0] != "prefix":
         keys.append(req.conversation[1])

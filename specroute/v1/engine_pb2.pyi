@@ -114,7 +114,7 @@ class SpecStats(_message.Message):
     def __init__(self, drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., steps_by_drafter: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("text", "num_tokens", "finish_reason", "prompt_tokens", "completion_tokens", "stats", "token_ids", "logprobs", "ttft_ms")
+    __slots__ = ("text", "num_tokens", "finish_reason", "prompt_tokens", "completion_tokens", "stats", "token_ids", "cached_prompt_tokens", "logprobs", "ttft_ms")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class GenerateChunk(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     text: str
@@ -131,9 +132,10 @@ class GenerateChunk(_message.Message):
     completion_tokens: int
     stats: SpecStats
     token_ids: _containers.RepeatedScalarFieldContainer[int]
+    cached_prompt_tokens: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     ttft_ms: float
-    def __init__(self, text: _Optional[str] = ..., num_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., stats: _Optional[_Union[SpecStats, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., ttft_ms: _Optional[float] = ...) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., num_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., stats: _Optional[_Union[SpecStats, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., ttft_ms: _Optional[float] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -44,7 +44,8 @@ def test_combined_counts_the_prompt_once_and_sums_the_rest():
                                                                   steps_by_drafter={"mtp": 3})))
         cols.append(c)
     total = combined(cols)
-    assert total.usage() == {"prompt_tokens": 7, "completion_tokens": 8, "total_tokens": 15}
+    assert total.usage() == {"prompt_tokens": 7, "completion_tokens": 8, "total_tokens": 15,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert total.counts() == (12, 4, 6) and total.steps_by_drafter() == {"mtp": 6}
     assert total.mean_accepted_length() == pytest.approx(10 / 6) and total.ttft_s == pytest.approx(0.3)
 
@@ -57,7 +58,7 @@ async def test_n_choices_whole_and_streamed(redis_url: str) -> None:
         body = r.json()
         assert [c["index"] for c in body["choices"]] == [0, 1, 2]
         assert all(c["message"]["content"] == "Hello from the fake engine" for c in body["choices"])
-        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 15, "total_tokens": 17}
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 15, "total_tokens": 17, "prompt_tokens_details": {"cached_tokens": 0}}
         seeds = sorted(q.sampling.seed for e in es for q in e.servicer.requests[-3:] if q.sampling.has_seed)
         assert seeds[-3:] == [41, 42, 43]
         r = await client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True,

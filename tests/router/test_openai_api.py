@@ -38,7 +38,7 @@ async def test_chat_completion_non_streaming(redis_url: str) -> None:
         assert body["object"] == "chat.completion" and body["model"] == "fake-model"
         assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello from the fake engine"}
         assert body["choices"][0]["finish_reason"] == "length"
-        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
         spec = body["specroute"]
         assert spec["domain"] == "chat" and spec["pool"] == "mtp" and spec["steps"] > 0
         assert spec["mean_accepted_length"] > 1
@@ -63,7 +63,7 @@ async def test_non_streaming_is_one_unary_call_or_a_coalesced_stream(redis_url: 
                 assert r.status_code == 200, r.text
                 body = r.json()
                 assert body["choices"][0]["message"]["content"] == "Hello from the fake engine"
-                assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+                assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
             assert es[0].servicer.requests[-1].coalesce
             assert es[0].servicer.unary_calls == (2 if unary else 1)   # asked once, then remembered
             r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})

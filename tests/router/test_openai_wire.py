@@ -43,9 +43,9 @@ def test_collected_spec_object_and_feedback() -> None:
     col = wire.Collected(ttft_s=0.01)
     col.add(chunk("Hel", num_tokens=1, prompt_tokens=4))
     stats = engine_pb2.SpecStats(drafted_tokens=6, accepted_tokens=3, steps=2, steps_by_drafter={"mtp": 1, "plain": 1})
-    col.add(chunk("lo", "length", num_tokens=1, completion_tokens=2, stats=stats))
-    assert "".join(col.text) == "Hello" and col.usage() == {"prompt_tokens": 4, "completion_tokens": 2,
-                                                           "total_tokens": 6}
+    col.add(chunk("lo", "length", num_tokens=1, completion_tokens=2, stats=stats, cached_prompt_tokens=3))
+    assert "".join(col.text) == "Hello" and col.usage() == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+                                                           "prompt_tokens_details": {"cached_tokens": 3}}
     spec = wire.spec_object(D, "dfly", col)
     assert spec == {"domain": "chat", "pool": "dfly", "reason": "fallback", "drafted_tokens": 6,
                     "accepted_tokens": 3, "steps": 2, "mean_accepted_length": 2.5,

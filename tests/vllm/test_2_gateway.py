@@ -109,6 +109,35 @@ def test_routing_shifts_code_traffic_to_the_vllm_pool(gateway: str, vllm_worker:
     assert cells[("code", "vllm")]["n"] >= 3 and cells[("code", "dfly")]["acceptance_rate"] < 0.1
 
 
+def test_a_conversation_stays_on_its_vllm_worker_and_reads_its_history_from_the_prefix_cache(gateway: str) -> None:
+    """Two turns of one conversation (identified by its history): the second stays on the worker of the
+    first (`x-specroute-conversation: stay`) and that worker, with vLLM's prefix caching, reads the
+    history it prefilled on the first turn from its cache: `usage.prompt_tokens_details.cached_tokens`
+    covers most of the first turn's prompt, where the first turn itself (a system prompt never sent
+    before) read almost nothing from it."""
+    set_policy(gateway, exploration_rate=0.0, pins={"*": "vllm"})
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
+    system = f"You are the assistant of session {time.time_ns()}. " + "Answer briefly and keep to the topic. " * 40
+    msgs: list[dict[str, str]] = [{"role": "system", "content": system}, *CODE]
+    raw = client.chat.completions.with_raw_response.create(model="demo", messages=msgs, max_tokens=8, temperature=0)
+    first = raw.parse()
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+             {"role": "user", "content": "Now the same for three numbers."}]
+    raw2 = client.chat.completions.with_raw_response.create(model="demo", messages=msgs, max_tokens=8, temperature=0)
+    second = raw2.parse()
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached1, cached2 = first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens
+    print(f"prefix cache: turn 1 read {cached1} of {first.usage.prompt_tokens} prompt tokens from the cache, "
+          f"turn 2 {cached2} of {second.usage.prompt_tokens}")
+    assert (raw2.headers["x-specroute-conversation"], raw2.headers["x-specroute-worker"]) == \
+        ("stay", raw.headers["x-specroute-worker"])
+    assert cached1 is not None and cached2 is not None
+    assert cached1 < first.usage.prompt_tokens // 4   # (at most the chat template's opening blocks)
+    assert cached2 >= first.usage.prompt_tokens // 2
+    set_policy(gateway, pins={})
+
+
 def test_vllm_worker_killed_mid_stream_migrates_then_fallback(gateway: str, vllm_worker: VllmWorker) -> None:
     """A stream whose vLLM worker dies continues on the pool that is left, from the tokens already sent:
     the client sees no error."""
