@@ -104,5 +104,6 @@ def ar_generate(model: Transformer, tok: Tokenizer, prompt_ids: list[int], param
         logits = decode_one(model, cache, 0, y)
         steps += 1
     acceptance = AcceptanceStats(steps=steps, steps_by={PLAIN: steps} if steps else {})
-    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, acceptance)
+    stats = RequestStats(prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), ttft_s=ttft,
+                         wall_s=time.perf_counter() - t0, acceptance=acceptance)
     return GenerationResult(state.text, emitted, state.finish_reason, stats)

@@ -66,10 +66,10 @@ class RequestStats:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of prompt_tokens, read from a prefix cache instead of prefilled
     ttft_s: float = 0.0            # submission to first token
     wall_s: float = 0.0            # submission to finish
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
+    cached_prompt_tokens: int = 0  # of prompt_tokens, read from a prefix cache instead of prefilled
 
 
 @dataclass

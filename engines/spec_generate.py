@@ -45,6 +45,7 @@ def spec_generate(target: Transformer, drafter: Drafter | None, tok: Tokenizer, 
         row = dec.verify([slot], proposal, [kk])[0]
         _, used = state.push_many(row)
         emitted += row[:used]
-    stats = RequestStats(len(prompt_ids), len(emitted), ttft, time.perf_counter() - t0, dec.stats(slot))
+    stats = RequestStats(prompt_tokens=len(prompt_ids), completion_tokens=len(emitted), ttft_s=ttft,
+                         wall_s=time.perf_counter() - t0, acceptance=dec.stats(slot))
     dec.release(slot)
     return GenerationResult(state.text, emitted, state.finish_reason, stats)

@@ -143,6 +143,8 @@ def test_ar_engine_through_spec_decoder_matches_ar_generate():
         got = spec_generate(target, None, CharTok(), p, GREEDY, max_tokens=30, max_len=128)
         assert got.token_ids == ref.token_ids
         assert got.stats.acceptance.mean_accepted_length == 1.0
+        for s in (got.stats, ref.stats):
+            assert isinstance(s.wall_s, float) and s.wall_s >= s.ttft_s > 0.0 and s.cached_prompt_tokens == 0
 
 
 def test_max_tokens_reached_inside_an_accepted_block():
