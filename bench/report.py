@@ -246,6 +246,39 @@ def block_routing(ctx: Ctx) -> list[str]:
     return out + sources(ctx)
 
 
+def block_routing_smollm2(ctx: Ctx) -> list[str]:
+    """SmolLM2's routing run: per cell every arm's median round, the cell's best arm, the learned arm's
+    paired regret against it (median over rounds), and which fleet served each traffic class fastest."""
+    doc = ctx.load("smollm2/routing.json")
+    m = doc["meta"]
+    arms = list(doc["cells"][0]["arms"])
+    out = [f"SmolLM2 (`--model models/smollm2`): {len(m['scenarios'])} scenarios, {m['repeats']} rounds per cell, "
+           f"{m['requests_per_scenario']} measured requests per cell (S3, S4: twice as many), {m['max_tokens']} "
+           "tokens, concurrency 8 (S5: 2 -> 16 -> 2); each static arm two workers of one kind, `learned` one MTP and "
+           "one DFly + D-Cut worker under the default policy, learning from nothing in every cell. Per cell: each "
+           "arm's median round (its rounds' range), the best arm, how much slower the learned arm was, paired "
+           "round by round (median), and the fleet that served each class fastest at T=0 (phase:class).", "",
+           f"| cell | {' | '.join(arms)} | best | learned behind the best | fastest per class |",
+           "|---|" + "---|" * (len(arms) + 3)]
+    for cell in doc["cells"]:
+        rounds = _cell_rounds(cell)
+        cols = [f"{statistics.median(rounds[a]):.1f} ({min(rounds[a]):.0f}-{max(rounds[a]):.0f})" for a in arms]
+        r = cell["regret"]
+        fastest = cell["ceiling"]["class_oracle"]["fastest"]
+        classes = ", ".join(f"{k.split('|')[0]} {v.removeprefix('all-')}" for k, v in sorted(fastest.items())
+                            if k.endswith("|t=0"))
+        out.append(f"| {cell['cell']} | " + " | ".join(cols) + f" | {r['best_arm']} | "
+                   f"{pct(r['paired']['median_relative']['learned'])} | {classes} |")
+    suite = doc["suite"]
+    out += ["", "Over the whole suite: " + ", ".join(f"{a} {v:.1f}" for a, v in sorted(
+        suite["output_tokens_per_s"].items(), key=lambda kv: -kv[1])) + " output tokens/s; routing ceiling over "
+            f"{suite['ceiling']['fleet']}: class oracle {pct(suite['ceiling']['class_oracle'])}, request oracle "
+            f"{pct(suite['ceiling']['request_oracle'])}. T=0 outputs identical across arms: "
+            f"{sum(c['t0_identity']['compared'] - c['t0_identity']['mismatches'] for c in doc['cells'])} of "
+            f"{sum(c['t0_identity']['compared'] for c in doc['cells'])}."]
+    return out + sources(ctx)
+
+
 def _gateway_rows(doc: dict[str, Any], key: str) -> dict[tuple[bool, int], dict[str, Any]]:
     return {(r["stream"], r["concurrency"]): r for r in doc.get(key, [])}
 
@@ -391,6 +424,7 @@ BLOCKS: dict[str, Callable[[Ctx], list[str]]] = {
     "acceptance-smollm2": block_acceptance_smollm2,
     "serving": block_serving,
     "routing": block_routing,
+    "routing-smollm2": block_routing_smollm2,
     "gateway": block_gateway,
     "classifier": block_classifier,
     "sim": block_sim,
