@@ -41,7 +41,8 @@ def run(dec: SpecDecoder, ps: list[list[int]], params: list[SamplingParams], dcu
     return [outs[s][:N] for s in range(len(ps))]
 
 
-@pytest.mark.parametrize(("kind", "block"), [("ar", 0), ("mtp", 0), ("dflash", 6), ("dfly", 6), ("eagle3", 0)])
+@pytest.mark.parametrize(("kind", "block"), [("ar", 0), ("mtp", 0), ("dflash", 6), ("dfly", 6), ("dflare", 6), ("dspark", 6),
+                                           ("eagle3", 0)])
 def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_busy_batch(kind: str, block: int):
     torch.manual_seed(0)
     target = make_target()

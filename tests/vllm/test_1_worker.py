@@ -1,7 +1,8 @@
 """The vLLM worker on its own, over gRPC: vLLM (ngram speculation) reproduces our AR engine's greedy output
 on 20 held-out prompts given the same token ids; its per-request speculative statistics reach the final
 chunk, Prometheus and Redis in our engine's shapes; `Load` follows vLLM's scheduler; cancellation
-aborts the request inside vLLM."""
+aborts the request inside vLLM; a seeded request gets the same tokens alone and in a busy batch; at T > 0
+under a grammar the output law is the masked target's, ngram drafts and all (marker `exactness`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -158,3 +160,71 @@ def test_load_follows_vllm_scheduler_and_cancel_aborts(stub, vllm_worker: VllmWo
     assert vllm_counter(vllm_worker, "vllm:generation_tokens_total") == before, "vLLM kept generating"
     ids, last = generate(stub, "Tell me a short story about a dog.", "chat", 8)   # still serving
     assert ids and last.finish_reason in ("stop", "length")
+
+
+def sample(stub, prompt: str, params: pb.SamplingParams, max_tokens: int, grammar: str = "") -> tuple[list[int], pb.GenerateChunk]:
+    """One raw-prompt request's tokens and final chunk."""
+    req = pb.GenerateRequest(max_tokens=max_tokens, sampling=params, grammar=grammar, request_id=f"s-{random.random():.6f}")
+    req.prompt = prompt
+    ids: list[int] = []
+    last = None
+    for chunk in stub.Generate(req, timeout=300):
+        ids.extend(chunk.token_ids)
+        last = chunk
+    assert last is not None and last.finish_reason in ("stop", "length"), last
+    return ids, last
+
+
+@pytest.mark.exactness
+def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_busy_batch(stub) -> None:
+    """vLLM gives a seeded row its own generator: the same request alone and among greedy, hot and
+    other seeded rows (with ngram drafts in the batch) gets the same tokens."""
+    prompt = "Once upon a time there was a little dog. Once upon a time"
+    seeded = pb.SamplingParams(temperature=0.9, top_p=0.95, has_seed=True, seed=1234)
+    alone, _ = sample(stub, prompt, seeded, 24)
+    others = [pb.SamplingParams(temperature=0), pb.SamplingParams(temperature=1.0),
+              pb.SamplingParams(temperature=0.7, top_p=0.9, has_seed=True, seed=7), pb.SamplingParams(temperature=1.0),
+              pb.SamplingParams(temperature=0)]
+    with ThreadPoolExecutor(len(others) + 1) as pool:
+        busy = [pool.submit(sample, stub, prompt if i % 2 else "Tell me a story.", p, 40) for i, p in enumerate(others[:3])]
+        mine = pool.submit(sample, stub, prompt, seeded, 24)
+        busy += [pool.submit(sample, stub, "Write a function.", p, 40) for p in others[3:]]
+        got = mine.result()[0]
+        drafted = sum(f.result()[1].stats.drafted_tokens for f in busy)
+    assert got == alone
+    assert drafted > 0   # ngram drafts shared the batch
+
+
+@pytest.mark.exactness
+def test_constrained_sampling_law_with_ngram_drafts(stub) -> None:
+    """At T > 0 under a grammar, vLLM's output law (its guidance backend, ngram drafts verified under the
+    masks) is the masked, tempered target's: N samples against the law enumerated with our target and
+    grammar compiler (tests/engines/test_grammar_exactness.py's grammar and temperature), chi-square."""
+    from scipy.stats import chisquare
+
+    from engines.grammar import GrammarCompiler
+    from tests.engines.test_grammar_exactness import GRAMMAR, TEMPERATURE, exact_law
+
+    n = 600
+    tok = Tokenizer.load(DEMO)
+    torch.set_num_threads(1)
+    target = load_model(DEMO).eval()
+    compiler = GrammarCompiler(tok.inner.to_str(), target.config.vocab_size, tok.eos_id)
+    text = "ab. ba. aa. bb. ab. ba. ab. aa."   # n-grams the ngram drafter finds in the prompt
+    prompt = tok.encode(text)
+    law = exact_law(target, compiler, tok, prompt)
+    total = sum(law.values())
+    assert abs(total - 1.0) < 1e-5
+    params = pb.SamplingParams(temperature=TEMPERATURE)
+    with ThreadPoolExecutor(16) as pool:   # vLLM batches them
+        outs = list(pool.map(lambda _: sample(stub, text, params, 8, GRAMMAR.to_wire()), range(n)))
+    assert outs[0][1].prompt_tokens == len(prompt), "the worker tokenizes the prompt differently"
+    seen = Counter(tok.decode([t for t in ids if t != tok.eos_id]) for ids, _ in outs)
+    drafted = sum(last.stats.drafted_tokens for _, last in outs)
+    keys = sorted(law)
+    assert set(seen) <= set(keys), seen
+    _, pvalue = chisquare([seen[k] for k in keys], [n * law[k] / total for k in keys])
+    print(f"vLLM constrained law: {dict(seen)} against {({k: round(n * v, 1) for k, v in law.items()})}, "
+          f"p={pvalue:.3g}, {drafted} tokens drafted")
+    assert pvalue > 1e-3, (dict(seen), law)
+    assert drafted > 0   # vLLM's ngram drafts were verified under the masks
