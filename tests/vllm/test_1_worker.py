@@ -64,6 +64,11 @@ def generate(stub, text: str, domain: str = "", max_tokens: int = N_TOKENS) -> t
     req = pb.GenerateRequest(max_tokens=max_tokens, sampling=pb.SamplingParams(temperature=0), domain=domain,
                              request_id=f"t-{random.random():.6f}")
     req.messages.add(role="user", content=text)
+    return run(stub, req)
+
+
+def run(stub, req: pb.GenerateRequest) -> tuple[list[int], pb.GenerateChunk]:
+    """The request's tokens and its final chunk (which must finish it)."""
     ids: list[int] = []
     last = None
     for chunk in stub.Generate(req, timeout=300):
@@ -166,13 +171,7 @@ def sample(stub, prompt: str, params: pb.SamplingParams, max_tokens: int, gramma
     """One raw-prompt request's tokens and final chunk."""
     req = pb.GenerateRequest(max_tokens=max_tokens, sampling=params, grammar=grammar, request_id=f"s-{random.random():.6f}")
     req.prompt = prompt
-    ids: list[int] = []
-    last = None
-    for chunk in stub.Generate(req, timeout=300):
-        ids.extend(chunk.token_ids)
-        last = chunk
-    assert last is not None and last.finish_reason in ("stop", "length"), last
-    return ids, last
+    return run(stub, req)
 
 
 @pytest.mark.exactness
