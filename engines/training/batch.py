@@ -18,6 +18,7 @@ from torch import Tensor
 from engines.drafters.base import Drafter
 from engines.drafters.config import target_fingerprint
 from engines.model import ForwardOut, Transformer
+from engines.precision import bf16_is_native
 from engines.tokenizer import Tokenizer
 from engines.training.data import DOMAINS
 from engines.training.distill import (
@@ -99,16 +100,17 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     conversations', `distill.pick_references`) are read by the target teacher-forced
     (`distill.reference_set`): more text for one forward each."""
     fp = target_fingerprint(target)
+    gen_bf16 = p.gen_bf16 and bf16_is_native()   # emulated bf16 (AVX2) is slower than fp32
     key = set_key(fp, p.max_prompt, p.max_new, p.seed, layers)   # what every cached part shares
     prompts = pick_prompts("train", p.per_domain, p.seed)
     by_domain = {d: [q for q in prompts if q.domain == d] for d in DOMAINS}
 
     def greedy(chunk: list, domain: str, start: int) -> tuple[DistillSet, Features]:
         return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
-                         f"self-distill ({domain} train prompts from {start})", bf16=p.gen_bf16)
+                         f"self-distill ({domain} train prompts from {start})", bf16=gen_bf16)
 
     def refeature(data: DistillSet) -> Features:
-        return forward_features(target, data, layers, p.gen_bf16)
+        return forward_features(target, data, layers, gen_bf16)
 
     parts = [cached_chunks(work / f"selfdistill_{key}", by_domain, p.gen_chunk, greedy, refeature, store)]
     n_sampled = round(p.sampled_fraction * p.per_domain)
@@ -119,7 +121,7 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
         def sampled(chunk: list, domain: str, start: int) -> tuple[DistillSet, Features]:
             return build_set(target, tok, chunk, p.max_prompt, p.max_new, p.gen_batch, layers,
                              f"self-distill ({domain} train prompts from {start}, sampled at "
-                             f"T={p.sampled_temperature:g})", p.sampled_temperature, p.seed + start, p.gen_bf16)
+                             f"T={p.sampled_temperature:g})", p.sampled_temperature, p.seed + start, gen_bf16)
 
         parts.append(cached_chunks(work / f"selfdistill_sampled_{skey}", some, p.gen_chunk, sampled, refeature,
                                    store))
@@ -137,5 +139,5 @@ def prepare_data(target: Transformer, tok: Tokenizer, p: DrafterPreset, work: Pa
     hkey = set_key(fp, p.heldout_per_domain, p.max_prompt, p.max_new, p.seed, layers)
     held, held_f = cached_data(work / f"heldout_{hkey}", lambda: build_set(
         target, tok, pick_prompts("heldout", p.heldout_per_domain, p.seed), p.max_prompt, p.max_new,
-        p.gen_batch, layers, "responses (held-out prompts, eval only)", bf16=p.gen_bf16))
+        p.gen_batch, layers, "responses (held-out prompts, eval only)", bf16=False))
     return train, train_f, held, held_f

@@ -29,7 +29,8 @@ class DrafterPreset(Schedule):
     max_new: int = 192
     gen_batch: int = 64
     gen_chunk: int = 256             # prompts per cached part: an interrupted generation resumes there
-    gen_bf16: bool = True            # generate under bf16 autocast (else fp32: the answers the served target gives)
+    gen_bf16: bool = True            # train answers under bf16 autocast where the CPU has it natively (else fp32,
+                                     # the answers the served target gives; held-out answers are always fp32)
     keep_data: bool = False          # keep the train answers' tokens in the bundle (OUT/selfdistill/*.json.gz)
     # wall-time budget per drafter: after `calibrate_at` steps the total is fixed to what fits (<= steps)
     time_budget_s: float | None = 600.0
@@ -53,19 +54,22 @@ class DrafterPreset(Schedule):
     loss: str = "lk"
     distill_temps: tuple[float, ...] = (0.7, 1.0)
     ce_weight: float = 0.2
+    fuse_loss: bool = False          # the soft loss compiled by torch.compile (losses/soft.py: ~2.5x faster on a
+                                     # CPU, after a compile of ~10 s; eager where no C++ compiler is found)
 
 
 DEMO = DrafterPreset(steps=2000, batch_size=8, lr=2e-3, min_lr=2e-4, warmup=40, weight_decay=0.01,
                      eval_every=100_000, ckpt_every=50)   # evaluation: besides half-way and at the end
-# a pretrained target (SmolLM2-135M-Instruct: 30 layers, width 576, vocabulary 49,152): answers generated in
-# fp32 (exactly what it serves; bf16 autocast is no faster at this size here), fewer prompts and smaller
+# a pretrained target (SmolLM2-135M-Instruct: 30 layers, width 576, vocabulary 49,152): train answers generated
+# under bf16 autocast where the CPU has it natively (AMX/AVX512-BF16: ~10x the fp32 products), else in fp32,
+# and held-out answers always in fp32 (what it serves); fewer prompts and smaller
 # cached parts (its answers are longer; parts are prefix-stable, so a later run with more prompts per domain
 # generates only the new ones), a step cap instead of a wall-time budget (on a shared machine a
 # budget makes the run depend on the load), and a larger draft vocabulary (6x the demo's vocabulary), which
 # training already ranges over: the LM head over 49,152 rows would cost most of each step
 SMOLLM2 = replace(DEMO, per_domain=96, sampled_fraction=0.5, heldout_per_domain=12, max_prompt=384,
-                  max_new=160, gen_batch=48, gen_chunk=96, gen_bf16=False, keep_data=True, time_budget_s=None, steps=3000,
-                  eval_every=1000, ckpt_every=50, draft_vocab=8192, train_in_draft_vocab=True)
+                  max_new=160, gen_batch=48, gen_chunk=96, keep_data=True, time_budget_s=None, steps=3000,
+                  eval_every=1000, ckpt_every=50, draft_vocab=8192, train_in_draft_vocab=True, fuse_loss=True)
 PRESETS = {
     "demo": DEMO,
     "smollm2": SMOLLM2,

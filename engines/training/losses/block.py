@@ -110,7 +110,7 @@ def block_loss(d: BlockDrafter, b: Batch, anchors: Tensor, keep: Tensor, block: 
     if soft is not None:
         if b.teacher is None:
             raise ValueError("a soft objective needs the batch's teacher (make_batch(..., teacher=True))")
-        rows, acc = soft_loss(logits[valid], tl, soft.mode, soft.temps, soft.ce_weight)   # [N]
+        rows, acc = soft_loss(logits[valid], tl, soft.mode, soft.temps, soft.ce_weight, soft.fused)   # [N]
         loss = (rows * w.expand_as(valid)[valid]).sum() / wv.sum().clamp(min=1e-6)
     else:
         tgt = d.vocab_index(target)                                          # -100: outside the vocabulary
@@ -140,7 +140,7 @@ class BlockObjective(Objective):
         blk = int(sizes[torch.multinomial(probs, 1, generator=gen)])
         anchors, keep = sample_anchors(b, p.anchors, gen)
         return block_loss(cast(BlockDrafter, d), b, anchors, keep, blk,
-                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight))
+                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight, p.fuse_loss))
 
     def eval_settings(self, p: DrafterPreset) -> dict[str, int]:
         return {f"block{n}": n for n in sorted({p.block_size, p.block_size // 2}, reverse=True)}

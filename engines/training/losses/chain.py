@@ -85,7 +85,7 @@ def chain_loss(d: ChainDrafter, b: Batch, steps: int, decay: float, on_policy: b
         logits = d.head(out[valid])                           # [N, V] fp32 ([N, N'] over a training vocabulary)
         tl = teach[valid[valid0]] if teach is not None else None   # [N, V]
         if soft is not None and tl is not None:
-            rows, acc = soft_loss(logits, tl, soft.mode, soft.temps, soft.ce_weight)
+            rows, acc = soft_loss(logits, tl, soft.mode, soft.temps, soft.ce_weight, soft.fused)
             loss = rows.mean()
         else:
             loss = masked_ce(logits, d.vocab_index(labels[valid]))
@@ -123,7 +123,7 @@ class ChainObjective(Objective):
 
     def train_loss(self, d: Drafter, b: Batch, p: DrafterPreset, gen: torch.Generator) -> StepOut:
         return chain_loss(cast(ChainDrafter, d), b, p.ttt_steps, p.ttt_decay,
-                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight))
+                          soft=Soft.of(p.loss, p.distill_temps, p.ce_weight, p.fuse_loss))
 
     def eval_settings(self, p: DrafterPreset) -> dict[str, int]:
         return {f"k{p.ttt_steps}": p.ttt_steps}

