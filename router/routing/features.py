@@ -44,15 +44,54 @@ DOMAIN_FEATURES: tuple[str, ...] = ("domain_chat", "domain_code", "domain_math")
 CLASSIFIER_FEATURES: tuple[str, ...] = (*DOMAIN_FEATURES, "margin", "uncertainty")
 FEATURES: tuple[str, ...] = (*PROMPT_FEATURES, *CLASSIFIER_FEATURES)
 
-_FORMAT = re.compile(r"\b(json|table|list|markdown|yaml|csv|bullet|xml|html)s?\b", re.IGNORECASE)
-_COPY = re.compile(r"\b(rewrite|rephrase|paraphrase|fix|correct|translate|convert|refactor|edit|modify|"
-                   r"proofread|reformat|format|improve|complete|continue|repeat|copy)\w*", re.IGNORECASE)
-_SHORT = re.compile(r"\b(brief\w*|concise\w*|one (word|sentence|line)|short\w*|only the answer|just the answer|"
-                    r"yes or no|in \d+ words)\b", re.IGNORECASE)
-_LONG = re.compile(r"\b(explain\w*|detail\w*|step[- ]by[- ]step|essay|story|elaborate|describe|discuss|"
-                   r"comprehensive|in depth)\b", re.IGNORECASE)
+
+class _Cue:
+    """Cue words that start at a word boundary, case-insensitive: the matches of `\\b` + `body` with
+    IGNORECASE, found in the lower-cased text by `body` alone (which lets the regex engine skip to its
+    possible first characters instead of trying every position); a candidate counts only where a word
+    starts, and the search resumes one character later where it does not."""
+
+    __slots__ = ("rx",)
+
+    def __init__(self, body: str) -> None:
+        self.rx = re.compile(body)
+
+    def count(self, lowered: str) -> int:
+        n, pos, search = 0, 0, self.rx.search
+        while (m := search(lowered, pos)) is not None:
+            if _BOUNDARY.match(lowered, m.start()):
+                n, pos = n + 1, m.end()
+            else:
+                pos = m.start() + 1
+        return n
+
+    def found(self, lowered: str) -> bool:
+        pos, search = 0, self.rx.search
+        while (m := search(lowered, pos)) is not None:
+            if _BOUNDARY.match(lowered, m.start()):
+                return True
+            pos = m.start() + 1
+        return False
+
+
+_BOUNDARY = re.compile(r"\b")
+_FORMAT = _Cue(r"(json|table|list|markdown|yaml|csv|bullet|xml|html)s?\b")
+_COPY = _Cue(r"(rewrite|rephrase|paraphrase|fix|correct|translate|convert|refactor|edit|modify|"
+             r"proofread|reformat|format|improve|complete|continue|repeat|copy)\w*")
+_SHORT = _Cue(r"(brief\w*|concise\w*|one (word|sentence|line)|short\w*|only the answer|just the answer|"
+              r"yes or no|in \d+ words)\b")
+_LONG = _Cue(r"(explain\w*|detail\w*|step[- ]by[- ]step|essay|story|elaborate|describe|discuss|"
+             r"comprehensive|in depth)\b")
 _QUOTED = re.compile(r"```.*?(```|$)|\"[^\"\n]{8,}\"|“[^”\n]{8,}”|`[^`\n]{8,}`", re.DOTALL)
 _PUNCT = str.maketrans("", "", "{}();=<>[]")
+_ASCII_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def _digits(text: str) -> int:
+    """How many characters of `text` are digits (`str.isdigit`): ASCII text in one C-level pass."""
+    if text.isascii():
+        return len(text) - len(text.translate(_ASCII_DIGITS))
+    return sum(c.isdigit() for c in text)
 
 
 def _cap(x: float) -> float:
@@ -69,18 +108,19 @@ def prompt_features(texts: Sequence[str], temperature: float | None) -> tuple[fl
     punct = len(last) - len(last.translate(_PUNCT))
     quoted = sum(m.end() - m.start() for m in _QUOTED.finditer(last))
     ascii_chars = len(last.encode("ascii", "ignore"))
-    digits = sum(c.isdigit() for c in last) if last else 0
+    digits = _digits(last)
+    lowered = last.lower()
     temp = 1.0 if temperature is None else float(temperature)
     return (
         _cap(math.log1p(chars) / 12.0),
         _cap(math.log1p(lines) / 6.0),
         1.0 if "```" in last else 0.0,
         _cap(10.0 * punct / n),
-        min(len(_FORMAT.findall(last)), 3) / 3.0,
-        min(len(_COPY.findall(last)), 3) / 3.0,
+        min(_FORMAT.count(lowered), 3) / 3.0,
+        min(_COPY.count(lowered), 3) / 3.0,
         _cap(quoted / n),
-        1.0 if _SHORT.search(last) else 0.0,
-        1.0 if _LONG.search(last) else 0.0,
+        1.0 if _SHORT.found(lowered) else 0.0,
+        1.0 if _LONG.found(lowered) else 0.0,
         _cap(1.0 - ascii_chars / n) if last else 0.0,
         _cap(5.0 * digits / n),
         1.0 if temp < 1e-3 else 0.0,

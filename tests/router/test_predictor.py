@@ -47,6 +47,39 @@ def vec(**kw: float) -> tuple[float, ...]:
 
 
 # -- features ------------------------------------------------------------------------------------
+
+def test_cue_words_match_exactly_where_the_word_boundary_pattern_does() -> None:
+    """Each cue's count / presence equals that of `\\b` + its pattern with IGNORECASE, on texts
+    dense with cue words inside and at the start of words, in any case."""
+    import re
+
+    from router.routing.features import _COPY, _FORMAT, _LONG, _SHORT
+
+    rng = random.Random(9)
+    pieces = ["json", "Lists", "prefix", "fix", "FIXED", "edit", "credit", "one word", "phone word", "in 12 words",
+              "step-by-step", "Explain", "unexplained", "in depth", "within depth", "short", "x", " ", "\n", "_list",
+              "2table", "yes or no", "story.", "(copy)"]
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " ", ",", "\n"]) for _ in range(rng.randrange(0, 30)))
+        low = text.lower()
+        for cue in (_FORMAT, _COPY, _SHORT, _LONG):
+            ref = re.compile(r"\b" + cue.rx.pattern, re.IGNORECASE)
+            assert cue.count(low) == len(ref.findall(text)), (cue.rx.pattern, text)
+            assert cue.found(low) == (ref.search(text) is not None), (cue.rx.pattern, text)
+
+
+def test_the_digit_share_counts_what_str_isdigit_counts() -> None:
+    """The digit count's ASCII fast path agrees with `str.isdigit` on any text (Unicode digits,
+    superscripts and fullwidth digits take the per-character path)."""
+    from router.routing.features import _digits
+
+    rng = random.Random(5)
+    alphabet = "abc 0123456789\n{}=" + "\u0663\u00b2\uff15\u00e9\u4e2d"
+    for n in (0, 1, 7, 300):
+        for _ in range(50):
+            text = "".join(rng.choice(alphabet[:19] if rng.random() < 0.5 else alphabet) for _ in range(n))
+            assert _digits(text) == sum(c.isdigit() for c in text), text
+
 def test_prompt_features_read_the_cues() -> None:
     f = dict(zip(PROMPT_FEATURES, prompt_features(
         ["Please rewrite this function and fix the bug, return JSON:\n```python\ndef f(x): return x\n```"], 0.0),
