@@ -196,12 +196,14 @@ def warm_start(drafter: Drafter, bundle: Path, target: torch.nn.Module) -> dict:
         raise UserError(f"{bundle}: its {drafter.kind} drafter does not match this recipe's shape")
     print(f"{drafter.kind}: starting from the drafter in {bundle}")
     report = bundle / "drafters" / drafter.kind / f"train_{drafter.kind}.json"
+    here = Path.cwd().resolve()   # the start is recorded as the command would name it from the checkout
+    name = str(bundle.resolve().relative_to(here)) if bundle.resolve().is_relative_to(here) else str(bundle)
     if not report.is_file():
-        return {"bundle": str(bundle), "steps": None}
+        return {"bundle": name, "steps": None}
     prior = json.loads(report.read_text())
     steps = prior["summary"].get("steps")  # its own run plus the runs it continued, if any
     earlier = (prior.get("recipe", {}).get("init_from") or {}).get("steps")
-    return {"bundle": str(bundle), "steps": None if steps is None else steps + (earlier or 0)}
+    return {"bundle": name, "steps": None if steps is None else steps + (earlier or 0)}
 
 
 def main(argv: list[str] | None = None) -> int:
