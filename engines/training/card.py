@@ -109,11 +109,8 @@ def imported_reproduce_lines(bundle: Path) -> list[str]:
                     flags.append(f"{flag} {used[field]:g}")
             prior = recipe.get("init_from") or {}
             note = ""
-            if prior:
-                start = Path(prior.get("bundle") or bundle).resolve()
-                if start.is_relative_to(Path.cwd().resolve()):
-                    start = start.relative_to(Path.cwd().resolve())
-                flags.insert(0, f"--init-from {start}")
+            if prior:   # the start as the run recorded it (`drafters.warm_start`: named from the checkout)
+                flags.insert(0, f"--init-from {prior.get('bundle') or bundle}")
                 note = f"   # continues a drafter trained {prior.get('steps', '?')} steps"
             lines.append(f"specroute train {kind} --preset {name} {' '.join(flags)} --out {bundle}{note}")
     return lines

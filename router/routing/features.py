@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 FEATURE_VERSION = 1
 SAMPLE_CHARS = 4096   # of the last prompt text, for the cue counts (size counts every text)
@@ -56,22 +56,20 @@ class _Cue:
     def __init__(self, body: str) -> None:
         self.rx = re.compile(body)
 
-    def count(self, lowered: str) -> int:
-        n, pos, search = 0, 0, self.rx.search
-        while (m := search(lowered, pos)) is not None:
-            if _BOUNDARY.match(lowered, m.start()):
-                n, pos = n + 1, m.end()
-            else:
-                pos = m.start() + 1
-        return n
-
-    def found(self, lowered: str) -> bool:
+    def _matches(self, lowered: str) -> Iterator[re.Match[str]]:
         pos, search = 0, self.rx.search
         while (m := search(lowered, pos)) is not None:
             if _BOUNDARY.match(lowered, m.start()):
-                return True
-            pos = m.start() + 1
-        return False
+                yield m
+                pos = m.end()
+            else:
+                pos = m.start() + 1
+
+    def count(self, lowered: str) -> int:
+        return sum(1 for _ in self._matches(lowered))
+
+    def found(self, lowered: str) -> bool:
+        return next(self._matches(lowered), None) is not None
 
 
 _BOUNDARY = re.compile(r"\b")
