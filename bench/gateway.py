@@ -328,11 +328,12 @@ def _gateway_serves(port: int) -> bool:
 
 
 def _start_gateway(cli: list[str], worker_addr: str, env: dict[str, str], cwd: str | None,
-                   procs: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
-    """A gateway on a free port in front of the worker; (pid, port) once it serves."""
+                   procs: list[subprocess.Popen[bytes]], floor: bool = False) -> tuple[int, int]:
+    """A gateway (`floor`: the floor app) on a free port in front of the worker; (pid, port) once it serves."""
     port = free_port()
-    g = subprocess.Popen([*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(port),
-                          "--log-level", "warning"], env=env, cwd=cwd, start_new_session=True)
+    argv = [sys.executable, "-m", "bench.gateway_floor", "--port", str(port), "--worker", worker_addr] if floor \
+        else [*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(port), "--log-level", "warning"]
+    g = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True)
     procs.append(g)
     wait_until(lambda: _gateway_serves(port), g, "gateway")
     return g.pid, port
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cpu-name", default="gateway-cpu.json", help="the headline CPU comparison's file (with --baseline)")
     ap.add_argument("--baseline", metavar="DIR", default=None,
                     help="also run the gateway of the checkout in DIR, side by side (path `baseline`)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the floor (bench/gateway_floor.py: the gateway's stack, no product logic), "
+                         "side by side (path `floor`)")
     ap.add_argument("--rounds", type=int, default=1, help="measure every cell this many times")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -398,8 +402,30 @@ def _measure(args: argparse.Namespace, worker_addr: str, gateways: dict[str, tup
     return out
 
 
+def route_input_costs(prompts: list[str], reps: int = 3) -> dict[str, float]:
+    """Mean microseconds per prompt, in this process, of the two things the gateway derives from every
+    request's text before deciding: the classifier and the routing features (median over `reps`)."""
+    from classifier import classify
+    from router.routing.features import prompt_features
+
+    sample = prompts[:2000]
+    messages = [[{"role": "user", "content": t}] for t in sample]
+    stages = {"classify": lambda i: classify(messages[i]), "prompt_features": lambda i: prompt_features([sample[i]], 0.0)}
+    out = {}
+    for name, fn in stages.items():
+        runs = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for i in range(len(sample)):
+                fn(i)
+            runs.append((time.perf_counter() - t0) / len(sample) * 1e6)
+        out[f"{name}_us"] = round(sorted(runs)[len(runs) // 2], 1)
+    return out
+
+
 def summarize(measured: list[tuple[dict[str, Any], dict[Key, float]]], baseline: bool) -> dict[str, Any]:
     """`summary` per path and cell, and with a baseline the paired `comparison` (bench/gateway_stats.py)."""
+    paths = [p for p in ("gateway", "baseline", "floor") if any(r["path"] == p for r, _ in measured)]
     def cell_of(r: dict[str, Any]) -> tuple[bool, float]:
         return r["stream"], r["rate"] or r["concurrency"]
 
@@ -409,13 +435,16 @@ def summarize(measured: list[tuple[dict[str, Any], dict[Key, float]]], baseline:
     summary, comp = [], []
     for stream, level in sorted({cell_of(r) for r, _ in measured}):
         direct = [by[("direct", stream, level, n)][1] for n in rounds]
-        for path in ("gateway", "baseline") if baseline else ("gateway",):
+        for path in paths:
             cells = [(*by[(path, stream, level, n)], d) for n, d in zip(rounds, direct, strict=True)]
             summary.append({"path": path, "stream": stream, "level": level, **cell_summary(cells)})
         if baseline:
             ours = [by[("gateway", stream, level, n)] for n in rounds]
             base = [by[("baseline", stream, level, n)] for n in rounds]
             comp.append({"stream": stream, "level": level, **comparison(ours, base)})
+            if "floor" in paths:  # the floor against the same baseline rounds
+                floor = comparison([by[("floor", stream, level, n)] for n in rounds], base)
+                comp[-1].update({f"floor_{k}": floor[k] for k in ("cpu_ratio", "cpu_ratio_rounds", "cpu_ratio_ci95")})
     return {"summary": summary, "comparison": comp}
 
 
@@ -431,7 +460,12 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
                      "added_p50_ms": ours["added_p50_ms"], "baseline_added_p50_ms": base["added_p50_ms"],
                      "latency_diff_p50_ms": c["latency_diff_p50_ms"],
                      "latency_diff_p50_ci95_ms": c["latency_diff_p50_ci95_ms"]})
-    return {"benchmark": "gateway-cpu", "meta": report["meta"], "rows": rows}
+        floor = cpu.get(("floor", c["stream"], c["level"]))
+        if floor is not None:  # the least any gateway on this stack costs, against the baseline's figure
+            rows[-1].update(floor_cpu_us=floor["gateway_cpu_us"], floor_cpu_ratio=c["floor_cpu_ratio"],
+                            floor_cpu_ratio_rounds=c["floor_cpu_ratio_rounds"],
+                            floor_cpu_ratio_ci95=c["floor_cpu_ratio_ci95"])
+    return {"benchmark": "gateway-cpu", "meta": report["meta"], "route_inputs": report["route_inputs"], "rows": rows}
 
 
 def main(argv: list[str]) -> int:
@@ -461,6 +495,8 @@ def main(argv: list[str]) -> int:
             if args.access_log:
                 benv["SPECROUTE_ACCESS_LOG_FILE"] = f"{Path(args.access_log).resolve()}.baseline"
             gateways["baseline"] = _start_gateway(cli, worker_addr, benv, base, procs)
+        if args.floor:
+            gateways["floor"] = _start_gateway(cli, worker_addr, env, None, procs, floor=True)
         measured = _measure(args, worker_addr, gateways, pids, prompts)
         report = {
             "benchmark": "gateway",
@@ -468,9 +504,11 @@ def main(argv: list[str]) -> int:
                      "arrival": args.arrival, "client_procs": args.client_procs, "cpu_count": os.cpu_count(),
                      "machine": platform.machine(), "python": platform.python_version(), "time": time.time(),
                      "tracing": args.tracing, "access_log": bool(args.access_log), "rounds": args.rounds,
+                     "floor": args.floor,
                      "prompts": len(prompts), "baseline": args.baseline, "command": " ".join(["bench gateway", *argv]),
                      "load_1m_end": round(os.getloadavg()[0], 2)},
             "rows": [r for r, _ in measured],
+            "route_inputs": route_input_costs(prompts),
             **summarize(measured, bool(args.baseline)),
         }
         (out / args.name).write_text(json.dumps(report, indent=2))
