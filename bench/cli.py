@@ -6,7 +6,8 @@ import importlib
 
 from specroute.errors import UserError
 
-BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report", "fuzz", "soak", "side")
+BENCHES = ("engine", "acceptance", "dcut", "gateway", "routing", "served", "ties", "parity", "report", "fuzz", "soak", "side",
+           "learning-curve")
 
 
 def main(argv: list[str]) -> int:
@@ -19,6 +20,6 @@ def main(argv: list[str]) -> int:
     from engines.errors import EngineError
 
     try:
-        return int(importlib.import_module(f"bench.{name}").main(rest) or 0)
+        return int(importlib.import_module(f"bench.{name.replace('-', '_')}").main(rest) or 0)
     except EngineError as exc:   # a request or bundle the engine refuses: a one-line error
         raise UserError(str(exc)) from None
