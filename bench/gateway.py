@@ -6,7 +6,9 @@ from another checkout, on the same worker), and measures per cell (stream or not
 
 - `direct`: the worker's gRPC calls as the gateway makes them (the unary `Complete` for a
   non-streaming request, the `Generate` stream otherwise), and
-- `gateway` (and `baseline`): `POST /v1/chat/completions` (HTTP/1.1 keep-alive, a minimal client).
+- `gateway` (and `baseline`): `POST /v1/chat/completions` (HTTP/1.1 keep-alive, a minimal client);
+- with `--floor`, `floor` and `floor-classify`: the same requests to bench/gateway_floor.py, the
+  gateway's HTTP server and worker call with no product logic, without and with the classifier.
 
 Requests carry held-out prompts of every length (`prompts/*.jsonl` of `SPECROUTE_DATA_DIR`, else
 `../shared/data`; tests point it at `tests/data`), each request key (client process, slot, number)
@@ -47,6 +49,7 @@ from specroute.readiness import free_port, grpc_serving, poll_until
 
 WARM_PROMPT = "Say something short."
 PATHS_UNARY = {False: True, True: False}   # stream -> whether the direct path calls the unary `Complete`
+FLOORS = ("floor", "floor-classify")   # bench/gateway_floor.py without and with `--classify`
 
 
 def data_root() -> Path:
@@ -328,11 +331,13 @@ def _gateway_serves(port: int) -> bool:
 
 
 def _start_gateway(cli: list[str], worker_addr: str, env: dict[str, str], cwd: str | None,
-                   procs: list[subprocess.Popen[bytes]], floor: bool = False) -> tuple[int, int]:
-    """A gateway (`floor`: the floor app) on a free port in front of the worker; (pid, port) once it serves."""
+                   procs: list[subprocess.Popen[bytes]], floor: list[str] | None = None) -> tuple[int, int]:
+    """A gateway (`floor`: the floor app with these flags) on a free port in front of the worker; (pid,
+    port) once it serves."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.gateway_floor", "--port", str(port), "--worker", worker_addr] if floor \
-        else [*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(port), "--log-level", "warning"]
+    argv = [sys.executable, "-m", "bench.gateway_floor", "--port", str(port), "--worker", worker_addr, *floor] \
+        if floor is not None else \
+        [*cli, "gateway", "--pool", f"null={worker_addr}", "--port", str(port), "--log-level", "warning"]
     g = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True)
     procs.append(g)
     wait_until(lambda: _gateway_serves(port), g, "gateway")
@@ -357,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--baseline", metavar="DIR", default=None,
                     help="also run the gateway of the checkout in DIR, side by side (path `baseline`)")
     ap.add_argument("--floor", action="store_true",
-                    help="also run the floor (bench/gateway_floor.py: the gateway's stack, no product logic), "
-                         "side by side (path `floor`)")
+                    help="also run the floor (bench/gateway_floor.py: the gateway's stack, no product logic) and "
+                         "the floor that classifies, side by side (paths `floor` and `floor-classify`)")
     ap.add_argument("--rounds", type=int, default=1, help="measure every cell this many times")
     ap.add_argument("--seed", type=int, default=0)
     return ap
@@ -425,7 +430,7 @@ def route_input_costs(prompts: list[str], reps: int = 3) -> dict[str, float]:
 
 def summarize(measured: list[tuple[dict[str, Any], dict[Key, float]]], baseline: bool) -> dict[str, Any]:
     """`summary` per path and cell, and with a baseline the paired `comparison` (bench/gateway_stats.py)."""
-    paths = [p for p in ("gateway", "baseline", "floor") if any(r["path"] == p for r, _ in measured)]
+    paths = [p for p in ("gateway", "baseline", *FLOORS) if any(r["path"] == p for r, _ in measured)]
     def cell_of(r: dict[str, Any]) -> tuple[bool, float]:
         return r["stream"], r["rate"] or r["concurrency"]
 
@@ -442,9 +447,10 @@ def summarize(measured: list[tuple[dict[str, Any], dict[Key, float]]], baseline:
             ours = [by[("gateway", stream, level, n)] for n in rounds]
             base = [by[("baseline", stream, level, n)] for n in rounds]
             comp.append({"stream": stream, "level": level, **comparison(ours, base)})
-            if "floor" in paths:  # the floor against the same baseline rounds
-                floor = comparison([by[("floor", stream, level, n)] for n in rounds], base)
-                comp[-1].update({f"floor_{k}": floor[k] for k in ("cpu_ratio", "cpu_ratio_rounds", "cpu_ratio_ci95")})
+            for fl in (p for p in FLOORS if p in paths):  # the floors against the same baseline rounds
+                floor = comparison([by[(fl, stream, level, n)] for n in rounds], base)
+                name = fl.replace("-", "_")
+                comp[-1].update({f"{name}_{k}": floor[k] for k in ("cpu_ratio", "cpu_ratio_rounds", "cpu_ratio_ci95")})
     return {"summary": summary, "comparison": comp}
 
 
@@ -460,11 +466,12 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
                      "added_p50_ms": ours["added_p50_ms"], "baseline_added_p50_ms": base["added_p50_ms"],
                      "latency_diff_p50_ms": c["latency_diff_p50_ms"],
                      "latency_diff_p50_ci95_ms": c["latency_diff_p50_ci95_ms"]})
-        floor = cpu.get(("floor", c["stream"], c["level"]))
-        if floor is not None:  # the least any gateway on this stack costs, against the baseline's figure
-            rows[-1].update(floor_cpu_us=floor["gateway_cpu_us"], floor_cpu_ratio=c["floor_cpu_ratio"],
-                            floor_cpu_ratio_rounds=c["floor_cpu_ratio_rounds"],
-                            floor_cpu_ratio_ci95=c["floor_cpu_ratio_ci95"])
+        for fl in FLOORS:  # the least a gateway on this stack costs, against the baseline's figure
+            floor, name = cpu.get((fl, c["stream"], c["level"])), fl.replace("-", "_")
+            if floor is not None:
+                rows[-1].update({f"{name}_cpu_us": floor["gateway_cpu_us"],
+                                 **{f"{name}_{k}": c[f"{name}_{k}"] for k in ("cpu_ratio", "cpu_ratio_rounds",
+                                                                               "cpu_ratio_ci95")}})
     return {"benchmark": "gateway-cpu", "meta": report["meta"], "route_inputs": report["route_inputs"], "rows": rows}
 
 
@@ -496,7 +503,8 @@ def main(argv: list[str]) -> int:
                 benv["SPECROUTE_ACCESS_LOG_FILE"] = f"{Path(args.access_log).resolve()}.baseline"
             gateways["baseline"] = _start_gateway(cli, worker_addr, benv, base, procs)
         if args.floor:
-            gateways["floor"] = _start_gateway(cli, worker_addr, env, None, procs, floor=True)
+            gateways["floor"] = _start_gateway(cli, worker_addr, env, None, procs, floor=[])
+            gateways["floor-classify"] = _start_gateway(cli, worker_addr, env, None, procs, floor=["--classify"])
         measured = _measure(args, worker_addr, gateways, pids, prompts)
         report = {
             "benchmark": "gateway",

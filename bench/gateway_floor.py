@@ -7,8 +7,11 @@ orjson, one worker call over `grpc.aio` (the unary `Complete` when not streaming
 stream otherwise) and an OpenAI-shaped JSON body or SSE events written with orjson. It does no
 validation, classification, routing, admission, metrics, feedback or logging, so it is not a
 gateway: its CPU time per request is a lower bound on what any gateway built on this stack costs.
+With `--classify` it also does the one thing a workload-aware gateway cannot skip: it classifies each
+request (`classifier.classify`, the domain goes into the worker request) and computes the routing
+features of its text (router/routing/features.py), the two inputs every routing decision reads.
 
-Run it as `python -m bench.gateway_floor --port P --worker HOST:PORT`.
+Run it as `python -m bench.gateway_floor --port P --worker HOST:PORT [--classify]`.
 """
 
 from __future__ import annotations
@@ -30,13 +33,23 @@ from router.settings import Settings
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
 
-def _request(body: dict[str, Any]) -> engine_pb2.GenerateRequest:
+def _request(body: dict[str, Any], domain: str) -> engine_pb2.GenerateRequest:
     stream = bool(body.get("stream"))
-    req = engine_pb2.GenerateRequest(max_tokens=int(body.get("max_tokens") or 16), domain="chat", pool="null",
+    req = engine_pb2.GenerateRequest(max_tokens=int(body.get("max_tokens") or 16), domain=domain, pool="null",
                                      coalesce=not stream, temperature_bucket="0")
     for m in body["messages"]:
         req.messages.add(role=m["role"], content=m["content"])
     return req
+
+
+def _classified(body: dict[str, Any]) -> str:
+    """The request's domain by the shipped classifier, its routing features computed beside it."""
+    from classifier import classify
+    from router.routing.features import prompt_features
+
+    messages = body["messages"]
+    prompt_features([m["content"] for m in messages], body.get("temperature"))
+    return classify(messages).label
 
 
 def _chunk(rid: str, created: int, delta: dict[str, str], finish: str | None) -> bytes:
@@ -48,8 +61,8 @@ def _chunk(rid: str, created: int, delta: dict[str, str], finish: str | None) ->
 class Floor:
     """The ASGI app (lifespan and HTTP)."""
 
-    def __init__(self, worker: str) -> None:
-        self.worker = worker
+    def __init__(self, worker: str, classify: bool = False) -> None:
+        self.worker, self.classify = worker, classify
         self.stub: Any = None
         self.n = 0
 
@@ -64,6 +77,8 @@ class Floor:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
                 self.stub = engine_pb2_grpc.EngineStub(grpc.aio.insecure_channel(self.worker))
+                if self.classify:
+                    _classified({"messages": [{"role": "user", "content": "warm up"}]})   # load the artifact
                 gc.collect()
                 gc.freeze()
                 gc.set_threshold(GC_YOUNG, 20, 20)
@@ -75,7 +90,7 @@ class Floor:
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         msg = await receive()
         body = orjson.loads(msg.get("body", b""))
-        req = _request(body)
+        req = _request(body, _classified(body) if self.classify else "chat")
         self.n += 1
         rid, created, cork = f"chatcmpl-floor{self.n}", int(time.time()), cork_of(scope)
         if not body.get("stream"):
@@ -121,8 +136,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gateway_floor", description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--worker", required=True, help="the worker's HOST:PORT")
+    ap.add_argument("--classify", action="store_true", help="classify each request and compute its routing features")
     args = ap.parse_args(argv)
-    uvicorn.run(Floor(args.worker), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+    uvicorn.run(Floor(args.worker, args.classify), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 loop="uvloop", **uvicorn_options(Settings()))
     return 0
 

@@ -69,7 +69,7 @@ class Ctx:
         return (f"`bench/results/{name}`: `{e.get('command', '?')}`; commit {e.get('commit', '?')}, "
                 f"{e.get('date', '?')}, {e.get('cpu', 'CPU not recorded')}")
 
-GATEWAY_CPU = "gateway-cpu-s21.json"   # the headline gateway CPU comparison the README shows
+GATEWAY_CPU = "gateway-cpu-floors.json"   # the headline gateway CPU comparison the README shows
 
 
 def pct(x: float, digits: int = 1) -> str:
@@ -302,22 +302,23 @@ def block_gateway(ctx: Ctx) -> list[str]:
             out.append(f"| `{name}`{flags} | {'yes' if key[0] else 'no'} | {key[1]} | {r['added_p50_ms']:.2f} | "
                        f"{r['added_p99_ms']:.2f} | {r['gateway_requests_per_s']:.0f} | {tail} |")
     cpu = ctx.load(GATEWAY_CPU)
-    floor = all("floor_cpu_us" in r for r in cpu["rows"])
+    floors = [f for f in ("floor", "floor_classify") if all(f"{f}_cpu_us" in r for r in cpu["rows"])]
     out += ["", "The gateway process's CPU time per request against the baseline code, side by side in one run "
             f"(`{GATEWAY_CPU}`; held-out prompts of every length; ratio: median of the per-round ratios, with "
             "their range), and the paired difference of per-request added latency p50 (95% bootstrap interval)"
-            + (". The floor is `bench/gateway_floor.py`, the gateway's HTTP server and one worker call with no "
-               "product logic, in the same rounds:" if floor else ":"),
+            + (". The floors are `bench/gateway_floor.py` in the same rounds: the gateway's HTTP server and one "
+               "worker call with no product logic, and the same with the classifier and the routing features:"
+               if floors else ":"),
             "", "| stream | concurrency | CPU µs | baseline CPU µs | ratio (rounds) | added p50 ms | baseline p50 ms | "
-            "paired difference ms |" + (" floor CPU µs (ratio) |" if floor else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|" if floor else "")]
+            "paired difference ms |" + "".join(f" {f.replace('_', ' ')} CPU µs (ratio) |" for f in floors),
+            "|---|---|---|---|---|---|---|---|" + "---|" * len(floors)]
     for r in cpu["rows"]:
         lo, hi = r["cpu_ratio_ci95"]
         dlo, dhi = r["latency_diff_p50_ci95_ms"]
         out.append(f"| {'yes' if r['stream'] else 'no'} | {r['concurrency']} | {r['gateway_cpu_us']:.0f} | "
                    f"{r['baseline_cpu_us']:.0f} | {r['cpu_ratio']:.3f} ({lo:.2f}-{hi:.2f}) | {r['added_p50_ms']:.1f} | "
                    f"{r['baseline_added_p50_ms']:.1f} | {r['latency_diff_p50_ms']:+.2f} ({dlo:+.2f} to {dhi:+.2f}) |"
-                   + (f" {r['floor_cpu_us']:.0f} ({r['floor_cpu_ratio']:.3f}) |" if floor else ""))
+                   + "".join(f" {r[f'{f}_cpu_us']:.0f} ({r[f'{f}_cpu_ratio']:.3f}) |" for f in floors))
     return out + sources(ctx)
 
 

@@ -30,12 +30,13 @@ def test_the_floor_is_reported_against_the_same_baseline_rounds() -> None:
     from bench.gateway import headline, summarize
 
     lat = {(0, 0, 0): 0.01}
-    cpu = {"direct": None, "gateway": 600.0, "baseline": 700.0, "floor": 280.0}
+    cpu = {"direct": None, "gateway": 600.0, "baseline": 700.0, "floor": 280.0, "floor-classify": 420.0}
     measured = [({"path": p, "stream": False, "concurrency": 16, "rate": 0.0, "round": r, "requests_per_s": 1.0,
                   **({"gateway_cpu_us": c + 10 * r} if c else {})}, lat)
                 for r in range(2) for p, c in cpu.items()]
     report = summarize(measured, baseline=True)
-    assert {s["path"] for s in report["summary"]} == {"gateway", "baseline", "floor"}
+    assert {s["path"] for s in report["summary"]} == {"gateway", "baseline", "floor", "floor-classify"}
     row = headline({**report, "meta": {}, "route_inputs": {}})["rows"][0]
     assert row["floor_cpu_us"] == 285.0 and row["floor_cpu_ratio_rounds"] == [0.4, round(290 / 710, 3)]
     assert row["gateway_cpu_us"] == 605.0 and row["baseline_cpu_us"] == 705.0
+    assert row["floor_classify_cpu_us"] == 425.0 and row["floor_classify_cpu_ratio_rounds"][0] == 0.6
