@@ -49,7 +49,9 @@ from specroute.readiness import free_port, grpc_serving, poll_until
 
 WARM_PROMPT = "Say something short."
 PATHS_UNARY = {False: True, True: False}   # stream -> whether the direct path calls the unary `Complete`
-FLOORS = ("floor", "floor-classify")   # bench/gateway_floor.py without and with `--classify`
+# bench/gateway_floor.py without and with `--classify`: path -> its fields' prefix in gateway-cpu.json,
+# and the floor app's flags
+FLOORS = {"floor": ("floor", []), "floor-classify": ("floor_classify", ["--classify"])}
 
 
 def data_root() -> Path:
@@ -449,7 +451,7 @@ def summarize(measured: list[tuple[dict[str, Any], dict[Key, float]]], baseline:
             comp.append({"stream": stream, "level": level, **comparison(ours, base)})
             for fl in (p for p in FLOORS if p in paths):  # the floors against the same baseline rounds
                 floor = comparison([by[(fl, stream, level, n)] for n in rounds], base)
-                name = fl.replace("-", "_")
+                name = FLOORS[fl][0]
                 comp[-1].update({f"{name}_{k}": floor[k] for k in ("cpu_ratio", "cpu_ratio_rounds", "cpu_ratio_ci95")})
     return {"summary": summary, "comparison": comp}
 
@@ -466,8 +468,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
                      "added_p50_ms": ours["added_p50_ms"], "baseline_added_p50_ms": base["added_p50_ms"],
                      "latency_diff_p50_ms": c["latency_diff_p50_ms"],
                      "latency_diff_p50_ci95_ms": c["latency_diff_p50_ci95_ms"]})
-        for fl in FLOORS:  # the least a gateway on this stack costs, against the baseline's figure
-            floor, name = cpu.get((fl, c["stream"], c["level"])), fl.replace("-", "_")
+        for fl, (name, _) in FLOORS.items():  # the least a gateway on this stack costs, against the baseline's
+            floor = cpu.get((fl, c["stream"], c["level"]))
             if floor is not None:
                 rows[-1].update({f"{name}_cpu_us": floor["gateway_cpu_us"],
                                  **{f"{name}_{k}": c[f"{name}_{k}"] for k in ("cpu_ratio", "cpu_ratio_rounds",
@@ -503,8 +505,8 @@ def main(argv: list[str]) -> int:
                 benv["SPECROUTE_ACCESS_LOG_FILE"] = f"{Path(args.access_log).resolve()}.baseline"
             gateways["baseline"] = _start_gateway(cli, worker_addr, benv, base, procs)
         if args.floor:
-            gateways["floor"] = _start_gateway(cli, worker_addr, env, None, procs, floor=[])
-            gateways["floor-classify"] = _start_gateway(cli, worker_addr, env, None, procs, floor=["--classify"])
+            for fl, (_, flags) in FLOORS.items():
+                gateways[fl] = _start_gateway(cli, worker_addr, env, None, procs, floor=flags)
         measured = _measure(args, worker_addr, gateways, pids, prompts)
         report = {
             "benchmark": "gateway",

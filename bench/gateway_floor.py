@@ -26,9 +26,11 @@ import grpc
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from classifier import classify
 from router.api.openai_wire import SSE_DONE, SSE_HEADERS
 from router.app import GC_YOUNG
 from router.http.asgi import JSON_CONTENT_TYPE, cork_of
+from router.routing.features import prompt_features
 from router.settings import Settings
 from specroute.v1 import engine_pb2, engine_pb2_grpc
 
@@ -44,9 +46,6 @@ def _request(body: dict[str, Any], domain: str) -> engine_pb2.GenerateRequest:
 
 def _classified(body: dict[str, Any]) -> str:
     """The request's domain by the shipped classifier, its routing features computed beside it."""
-    from classifier import classify
-    from router.routing.features import prompt_features
-
     messages = body["messages"]
     prompt_features([m["content"] for m in messages], body.get("temperature"))
     return classify(messages).label

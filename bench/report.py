@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gateway import FLOORS
 from bench.routing_metrics import paired_interval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -301,7 +302,7 @@ def block_gateway(ctx: Ctx) -> list[str]:
             out.append(f"| `{name}`{flags} | {'yes' if key[0] else 'no'} | {key[1]} | {r['added_p50_ms']:.2f} | "
                        f"{r['added_p99_ms']:.2f} | {r['gateway_requests_per_s']:.0f} | {tail} |")
     cpu = ctx.load(GATEWAY_CPU)
-    floors = [f for f in ("floor", "floor_classify") if all(f"{f}_cpu_us" in r for r in cpu["rows"])]
+    floors = [f for f, _ in FLOORS.values() if all(f"{f}_cpu_us" in r for r in cpu["rows"])]
     out += ["", "The gateway process's CPU time per request against the baseline code, side by side in one run "
             f"(`{GATEWAY_CPU}`; held-out prompts of every length; ratio: median of the per-round ratios, with "
             "their range), and the paired difference of per-request added latency p50 (95% bootstrap interval)"
